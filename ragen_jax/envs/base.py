@@ -1,0 +1,105 @@
+"""What every environment shares: the pure-function contract and coordinate text.
+
+An environment is a frozen (hashable) dataclass holding only Python constants (shapes, rewards,
+probabilities), so `jax.jit(env.step)` closes over it and `jax.vmap` maps over states and keys:
+
+  state = env.reset(key)                                   # pure; same key -> same level
+  state, reward, done, info = env.step(key, state, action) # pure; int32 action index
+  text = env.render(state)                                 # host side, one unbatched state
+  state = env.from_text(text)                              # inverse of render for the grid format
+
+`info` is a dict of arrays with at least `success`, `action_is_effective` and `action_is_valid`.
+Stepping a finished episode is a no-op with zero reward (the batch keeps its static shape while
+other episodes continue). An out-of-range action is a no-op that costs no step and reports
+`action_is_valid=False`.
+"""
+import abc
+import dataclasses
+from typing import Any, Dict, Sequence, Tuple
+
+import jax
+import numpy as np
+
+Info = Dict[str, jax.Array]
+StepResult = Tuple[Any, jax.Array, jax.Array, Info]
+
+RENDER_FORMATS = ("grid", "coord", "grid_coord")
+
+
+class Env(abc.ABC):
+  """Abstract base; concrete environments are frozen dataclasses."""
+
+  name: str = ""
+  action_names: Tuple[str, ...] = ()
+
+  @property
+  def num_actions(self) -> int:
+    return len(self.action_names)
+
+  @abc.abstractmethod
+  def reset(self, key: jax.Array) -> Any:
+    """Returns the initial state drawn with `key` (pure: same key, same state)."""
+
+  @abc.abstractmethod
+  def step(self, key: jax.Array, state: Any, action: jax.Array) -> StepResult:
+    """Returns (next_state, reward float32, done bool, info dict of arrays)."""
+
+  @abc.abstractmethod
+  def render(self, state: Any, fmt: str = "grid") -> str:
+    """RAGEN's text for one unbatched state."""
+
+  @abc.abstractmethod
+  def from_text(self, text: str) -> Any:
+    """Parses the grid text back into a state (for tests and hand-built scenarios)."""
+
+  def action_names_for(self, state: Any) -> Tuple[str, ...]:
+    """The action names as shown to the agent in `state` (fixed for grid worlds)."""
+    del state
+    return self.action_names
+
+  @property
+  def grid_vocab(self) -> Dict[str, str]:
+    """Symbol -> meaning, in RAGEN's legend order (empty for text-only environments)."""
+    return {}
+
+
+def check_format(fmt: str) -> None:
+  if fmt not in RENDER_FORMATS:
+    raise ValueError(f"Unknown render format {fmt!r}; expected one of {RENDER_FORMATS}.")
+
+
+def coord_block(shape: Tuple[int, int], entries: Sequence[Tuple[str, np.ndarray]]) -> str:
+  """RAGEN's coordinate text: a board-size line, then `Label: (r, c), ...` per non-empty category."""
+  rows, cols = shape
+  lines = [f"Board size: {rows} rows x {cols} cols (zero-indexed)."]
+  for label, mask in entries:
+    cells = np.argwhere(mask)
+    if len(cells):
+      lines.append(f"{label}: " + ", ".join(f"({r}, {c})" for r, c in cells))
+  return "\n".join(lines)
+
+
+def grid_coord(coord: str, grid: str) -> str:
+  # RAGEN writes a space before each newline of these two headers.
+  return "Coordinates: \n" + coord + "\n" + "Grid Map: \n" + grid
+
+
+def parse_grid(text: str, symbols: str, env_name: str) -> np.ndarray:
+  """Splits grid text into a [H, W] array of single-character strings, validating symbols."""
+  rows = [r for r in text.strip("\n").split("\n")]
+  if not rows or any(len(r) != len(rows[0]) for r in rows):
+    raise ValueError(f"{env_name} grid text must be a rectangle of symbols, got {text!r}.")
+  grid = np.array([list(r) for r in rows])
+  bad = sorted(set(grid.ravel()) - set(symbols))
+  if bad:
+    raise ValueError(f"{env_name} grid text has unknown symbols {bad}; valid: {list(symbols)}.")
+  return grid
+
+
+def check_options(cls: type, kwargs: Dict[str, Any]) -> None:
+  """Raises a ValueError naming any keyword that is not a field of the env dataclass."""
+  valid = [f.name for f in dataclasses.fields(cls) if f.init]
+  for key in kwargs:
+    if key not in valid:
+      raise ValueError(f"Unknown option {key!r} for environment {cls.name!r}; "
+                       f"valid options: {valid}.")

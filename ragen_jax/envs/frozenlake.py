@@ -1,0 +1,165 @@
+"""FrozenLake as pure JAX functions, RAGEN's variant (random maps, random start and goal).
+
+Dimensions: S the board side (`size`); N = S * S cells; M candidate maps per round.
+
+Maps: every tile frozen with probability `p`, start and goal on distinct uniformly random tiles,
+redrawn until a 4-connected path of non-hole tiles joins them (a flood fill). Actions Left,
+Down, Right, Up; slippery moves go the intended way with probability `success_rate` and each
+perpendicular way with half the rest; a move into the border leaves the player in place.
+Reaching the goal pays 1 and ends the episode; a hole ends it with 0; `max_steps` bounds it.
+"""
+import dataclasses
+from typing import Dict
+
+from flax import struct
+import jax
+from jax import lax
+import jax.numpy as jnp
+import numpy as np
+
+from ragen_jax.envs import base
+
+# Row/column deltas for action indices 0..3 = Left, Down, Right, Up (gymnasium's order, so the
+# perpendicular directions of action a are (a - 1) % 4 and (a + 1) % 4).
+_DELTAS = np.array([[0, -1], [1, 0], [0, 1], [-1, 0]], np.int32)
+FROZEN, HOLE, GOAL = 0, 1, 2
+_SYMBOLS = "P_OGX√"
+_LEGEND = (("P", "player"), ("_", "empty"), ("O", "hole"), ("G", "goal"),
+           ("X", "player in hole"), ("√", "player on goal"))
+_MAX_ROUNDS = 64
+
+
+@struct.dataclass
+class FrozenLakeState:
+  tiles_SxS: jax.Array   # int8: 0 frozen, 1 hole, 2 goal
+  start_rc: jax.Array    # int32[2] (shown as frozen in the grid, listed in the coordinates)
+  player_rc: jax.Array   # int32[2]
+  num_steps: jax.Array   # int32
+  done: jax.Array        # bool
+
+
+@dataclasses.dataclass(frozen=True)
+class FrozenLake(base.Env):
+  """RAGEN's FrozenLake: a new random map at every reset."""
+  name = "frozenlake"
+  action_names = ("Left", "Down", "Right", "Up")
+
+  size: int = 4
+  p: float = 0.9               # probability that a tile is frozen (not a hole)
+  success_rate: float = 0.8    # probability that a move goes the intended way
+  is_slippery: bool = True
+  max_steps: int = 100
+  num_candidates: int = 8      # maps drawn per round; the first valid one is used
+
+  def __post_init__(self):
+    if self.size < 2:
+      raise ValueError(f"frozenlake size must be at least 2, got {self.size}.")
+    if not 0.0 < self.p <= 1.0:
+      raise ValueError(f"frozenlake p must be in (0, 1], got {self.p}.")
+    if not 0.0 <= self.success_rate <= 1.0:
+      raise ValueError(f"frozenlake success_rate must be in [0, 1], got {self.success_rate}.")
+    if self.max_steps < 1 or self.num_candidates < 1:
+      raise ValueError("frozenlake max_steps and num_candidates must be positive.")
+
+  @property
+  def grid_vocab(self) -> Dict[str, str]:
+    return dict(_LEGEND)
+
+  # ---------------------------------------------------------------- device side
+
+  def _candidate(self, key):
+    s = self.size
+    k_tiles, k_ends = jax.random.split(key)
+    holes = jax.random.uniform(k_tiles, (s, s)) >= self.p
+    _, ends = lax.top_k(jax.random.uniform(k_ends, (s * s,)), 2)
+    start, goal = ends[0], ends[1]
+    holes = holes.reshape(-1).at[start].set(False).at[goal].set(False).reshape(s, s)
+    reach = jnp.zeros((s * s,), jnp.bool_).at[start].set(True).reshape(s, s)
+
+    def grow(_, reach):
+      pad = jnp.pad(reach, 1)
+      near = pad[:-2, 1:-1] | pad[2:, 1:-1] | pad[1:-1, :-2] | pad[1:-1, 2:]
+      return reach | (near & ~holes)
+
+    reach = lax.fori_loop(0, s * s - 1, grow, reach)
+    tiles = jnp.where(holes, HOLE, FROZEN).reshape(-1).at[goal].set(GOAL)
+    return reach.reshape(-1)[goal], tiles.reshape(s, s).astype(jnp.int8), start, goal
+
+  def reset(self, key: jax.Array) -> FrozenLakeState:
+    def draw(k):
+      valid_M, tiles_M, start_M, _ = jax.vmap(self._candidate)(
+          jax.random.split(k, self.num_candidates))
+      i = jnp.argmax(valid_M)
+      return valid_M[i], tiles_M[i], start_M[i]
+
+    def body(carry):
+      round_, _ = carry
+      return round_ + 1, draw(jax.random.fold_in(key, round_))
+
+    _, (_, tiles, start) = lax.while_loop(
+        lambda c: ~c[1][0] & (c[0] < _MAX_ROUNDS), body,
+        (jnp.int32(1), draw(jax.random.fold_in(key, 0))))
+    start_rc = jnp.stack([start // self.size, start % self.size]).astype(jnp.int32)
+    return FrozenLakeState(tiles, start_rc, start_rc, jnp.int32(0), jnp.bool_(False))
+
+  def step(self, key, state: FrozenLakeState, action) -> base.StepResult:
+    action = jnp.asarray(action, jnp.int32)
+    valid = (action >= 0) & (action < 4)
+    intended = jnp.clip(action, 0, 3)
+    if self.is_slippery:
+      u = jax.random.uniform(key)
+      slip = (1.0 - self.success_rate) / 2.0
+      offset = jnp.where(u < self.success_rate, 0, jnp.where(u < self.success_rate + slip, -1, 1))
+      direction = (intended + offset) % 4
+    else:
+      direction = intended
+    active = valid & ~state.done
+    moved = jnp.clip(state.player_rc + jnp.asarray(_DELTAS)[direction], 0, self.size - 1)
+    player = jnp.where(active, moved, state.player_rc)
+    tile = state.tiles_SxS[player[0], player[1]]
+    success = tile == GOAL
+    reward = jnp.where(active & success, 1.0, 0.0).astype(jnp.float32)
+    num_steps = state.num_steps + active.astype(jnp.int32)
+    done = state.done | success | (tile == HOLE) | (num_steps >= self.max_steps)
+    new_state = state.replace(player_rc=player, num_steps=num_steps, done=done)
+    info = {"success": success, "action_is_valid": valid,
+            "action_is_effective": jnp.any(player != state.player_rc)}
+    return new_state, reward, done, info
+
+  # ---------------------------------------------------------------- host side
+
+  def render(self, state: FrozenLakeState, fmt: str = "grid") -> str:
+    base.check_format(fmt)
+    tiles, start, player = (np.asarray(x) for x in jax.device_get(
+        (state.tiles_SxS, state.start_rc, state.player_rc)))
+    player_mask = np.zeros(tiles.shape, bool)
+    player_mask[player[0], player[1]] = True
+    start_mask = np.zeros(tiles.shape, bool)
+    start_mask[start[0], start[1]] = True
+    sym = np.where(tiles == HOLE, "O", np.where(tiles == GOAL, "G", "_"))
+    sym = np.where(player_mask, np.where(tiles == HOLE, "X", np.where(tiles == GOAL, "√", "P")),
+                   sym)
+    grid = "\n".join("".join(row) for row in sym)
+    if fmt == "grid":
+      return grid
+    on = lambda code: player_mask & (tiles == code)
+    coord = base.coord_block(tiles.shape, [
+        ("Start", start_mask), ("Goal", tiles == GOAL), ("Player", on(FROZEN)),
+        ("Player on goal", on(GOAL)), ("Player in hole", on(HOLE)), ("Holes", tiles == HOLE)])
+    return coord if fmt == "coord" else base.grid_coord(coord, grid)
+
+  def from_text(self, text: str) -> FrozenLakeState:
+    """Parses a grid; the start tile is not drawn, so it is taken to be the player's tile."""
+    grid = base.parse_grid(text, _SYMBOLS, self.name)
+    if grid.shape != (self.size, self.size):
+      raise ValueError(f"Grid is {grid.shape}, but this env has size={self.size}.")
+    players = np.argwhere(np.isin(grid, ["P", "X", "√"]))
+    goals = np.argwhere(np.isin(grid, ["G", "√"]))
+    if len(players) != 1 or len(goals) != 1:
+      raise ValueError(f"FrozenLake grid needs one player and one goal, found {len(players)} "
+                       f"and {len(goals)}.")
+    tiles = np.where(np.isin(grid, ["O", "X"]), HOLE,
+                     np.where(np.isin(grid, ["G", "√"]), GOAL, FROZEN)).astype(np.int8)
+    player = jnp.asarray(players[0], jnp.int32)
+    done = bool(grid[tuple(players[0])] in ("X", "√"))
+    return FrozenLakeState(jnp.asarray(tiles), player, player, jnp.int32(0), jnp.bool_(done))

@@ -1,0 +1,234 @@
+"""Sokoban as pure JAX functions, with gym-sokoban's rules and RAGEN's text.
+
+Dimensions: H, W room rows and columns.
+
+Rules (gym-sokoban push actions, as RAGEN steps them): actions Up, Down, Left, Right move the
+player one cell; walking into a box pushes it when the cell behind is floor or target; a wall, or
+a second box behind the first, blocks the push and the move is a no-op that still costs the step.
+Reward per step: -0.1; +1 when a box lands on a target; -1 when one leaves a target; +10 more
+when every box is on a target. Done when solved or after `max_steps` steps.
+"""
+import collections
+import dataclasses
+from typing import Dict, List, Optional, Tuple
+
+from flax import struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ragen_jax.envs import base
+from ragen_jax.envs import sokoban_generator
+
+# Row/column deltas for the action indices 0..3 = Up, Down, Left, Right.
+_DELTAS = np.array([[-1, 0], [1, 0], [0, -1], [0, 1]], np.int32)
+# Cell codes of `fixed_HxW`.
+WALL, FLOOR, TARGET = 0, 1, 2
+_SYMBOLS = "#_O√XPS"
+_LEGEND = (("#", "wall"), ("_", "empty"), ("O", "target"), ("√", "box on target"),
+           ("X", "box"), ("P", "player"), ("S", "player on target"))
+
+
+@struct.dataclass
+class SokobanState:
+  """Cells are flat indices r * W + c; the grid views below work on batched states too."""
+  fixed_HxW: jax.Array   # int8: 0 wall, 1 floor, 2 target (never changes)
+  boxes_K: jax.Array     # int32[K]: the boxes' cells (K static: boxes are never created)
+  player: jax.Array      # int32: the player's cell
+  num_steps: jax.Array   # int32: steps taken
+  done: jax.Array        # bool
+
+  @property
+  def boxes_HxW(self) -> jax.Array:
+    h, w = self.fixed_HxW.shape[-2:]
+    cells = jnp.arange(h * w)
+    grid = jnp.any(self.boxes_K[..., :, None] == cells, axis=-2)
+    return grid.reshape(grid.shape[:-1] + (h, w))
+
+  @property
+  def player_rc(self) -> jax.Array:
+    w = self.fixed_HxW.shape[-1]
+    return jnp.stack([self.player // w, self.player % w], axis=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sokoban(base.Env):
+  """Sokoban with on-device level generation in `reset` (see sokoban_generator)."""
+  name = "sokoban"
+  action_names = ("Up", "Down", "Left", "Right")
+
+  dim_room: Tuple[int, int] = (6, 6)
+  num_boxes: int = 1
+  max_steps: int = 100
+  search_depth: int = 30       # steps of each reverse walk (RAGEN: the reverse DFS depth)
+  num_reverse_walks: int = 16  # parallel reverse walks per room
+  num_gen_steps: Optional[int] = None  # topology walk; None -> int(1.7 * (H + W))
+  num_candidates: int = 4      # rooms drawn per try (RAGEN: 4 topology tries)
+  step_reward: float = -0.1
+  box_on_target_reward: float = 1.0
+  solved_reward: float = 10.0
+
+  def __post_init__(self):
+    object.__setattr__(self, "dim_room", tuple(int(d) for d in self.dim_room))
+    h, w = self.dim_room
+    if h < 4 or w < 4:
+      raise ValueError(f"sokoban dim_room must be at least (4, 4), got {self.dim_room}.")
+    if not 1 <= self.num_boxes <= (h - 2) * (w - 2) - 2:
+      raise ValueError(f"sokoban num_boxes={self.num_boxes} does not fit a {h}x{w} room.")
+    for field in ("max_steps", "search_depth", "num_reverse_walks", "num_candidates"):
+      if getattr(self, field) < 1:
+        raise ValueError(f"sokoban {field} must be positive, got {getattr(self, field)}.")
+
+  @property
+  def grid_vocab(self) -> Dict[str, str]:
+    return dict(_LEGEND)
+
+  # ---------------------------------------------------------------- device side
+
+  def reset(self, key: jax.Array) -> SokobanState:
+    return jax.tree.map(lambda x: x[0], self.reset_batch(key[None]))
+
+  def reset_batch(self, keys_B: jax.Array) -> SokobanState:
+    """Same levels as `vmap(reset)` over the keys, faster: rare retries cost a few lanes."""
+    h, w = self.dim_room
+    gen_steps = self.num_gen_steps or int(1.7 * (h + w))
+    floor_BxN, targets_BxK, boxes_BxK, player_B, _ = sokoban_generator.generate(
+        keys_B, self.dim_room, self.num_boxes, gen_steps, self.search_depth,
+        self.num_reverse_walks, self.num_candidates)
+    batch = keys_B.shape[0]
+    is_target = jnp.any(targets_BxK[:, :, None] == jnp.arange(h * w), axis=1)
+    fixed = jnp.where(is_target, TARGET, jnp.where(floor_BxN, FLOOR, WALL)).astype(jnp.int8)
+    return SokobanState(fixed.reshape(batch, h, w), boxes_BxK, player_B,
+                        jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), jnp.bool_))
+
+  def step(self, key, state: SokobanState, action) -> base.StepResult:
+    del key  # Deterministic dynamics.
+    h, w = self.dim_room
+    n = h * w
+    action = jnp.asarray(action, jnp.int32)
+    valid = (action >= 0) & (action < 4)
+    dr, dc = jnp.asarray(_DELTAS)[jnp.clip(action, 0, 3)]
+    fixed_N = state.fixed_HxW.reshape(n)
+    row, col = state.player // w, state.player % w
+
+    def cell(k):
+      # The wall ring keeps generated levels on the board; a hand-made grid without one may
+      # send a move off it, which then counts as a wall.
+      r, c = row + k * dr, col + k * dc
+      on_board = (r >= 0) & (r < h) & (c >= 0) & (c < w)
+      flat = jnp.clip(r * w + c, 0, n - 1)
+      return flat, on_board & (fixed_N[flat] != WALL)
+
+    (nxt, nxt_ok), (beyond, beyond_ok) = cell(1), cell(2)
+    hit_K = state.boxes_K == nxt
+    nxt_box = jnp.any(hit_K)
+    beyond_free = beyond_ok & ~jnp.any(state.boxes_K == beyond)
+    active = valid & ~state.done
+    moves = active & nxt_ok & (~nxt_box | beyond_free)
+    boxes_K = jnp.where(moves & hit_K, beyond, state.boxes_K)
+    player = jnp.where(moves, nxt, state.player)
+    target_N = fixed_N == TARGET
+    on_before = jnp.sum(target_N[state.boxes_K])
+    on_after = jnp.sum(target_N[boxes_K])
+    solved = on_after == self.num_boxes
+    reward = (self.step_reward
+              + self.box_on_target_reward * (on_after - on_before).astype(jnp.float32)
+              + jnp.where(solved, self.solved_reward, 0.0))
+    reward = jnp.where(active, reward, 0.0).astype(jnp.float32)
+    num_steps = state.num_steps + active.astype(jnp.int32)
+    done = state.done | solved | (num_steps >= self.max_steps)
+    new_state = SokobanState(state.fixed_HxW, boxes_K, player, num_steps, done)
+    info = {"success": solved, "action_is_valid": valid, "action_is_effective": moves}
+    return new_state, reward, done, info
+
+  # ---------------------------------------------------------------- host side
+
+  def render(self, state: SokobanState, fmt: str = "grid") -> str:
+    base.check_format(fmt)
+    fixed, boxes, player = (np.asarray(x) for x in jax.device_get(
+        (state.fixed_HxW, state.boxes_HxW, state.player_rc)))
+    target = fixed == TARGET
+    player_mask = np.zeros_like(boxes)
+    player_mask[player[0], player[1]] = True
+    if fmt == "grid":
+      return _grid_text(fixed, boxes, player_mask)
+    coord = base.coord_block(self.dim_room, [
+        ("Targets", target), ("Boxes", boxes & ~target), ("Boxes on target", boxes & target),
+        ("Player", player_mask & ~target), ("Player on target", player_mask & target)])
+    if fmt == "coord":
+      return coord
+    return base.grid_coord(coord, _grid_text(fixed, boxes, player_mask))
+
+  def from_text(self, text: str) -> SokobanState:
+    grid = base.parse_grid(text, _SYMBOLS, self.name)
+    if grid.shape != self.dim_room:
+      raise ValueError(f"Grid is {grid.shape}, but this env has dim_room={self.dim_room}.")
+    players = np.argwhere((grid == "P") | (grid == "S"))
+    if len(players) != 1:
+      raise ValueError(f"Sokoban grid needs exactly one player (P or S), found {len(players)}.")
+    boxes = (grid == "X") | (grid == "√")
+    targets = (grid == "O") | (grid == "√") | (grid == "S")
+    if boxes.sum() != self.num_boxes or targets.sum() != self.num_boxes:
+      raise ValueError(f"Grid has {boxes.sum()} boxes and {targets.sum()} targets; this env "
+                       f"has num_boxes={self.num_boxes}.")
+    fixed = np.where(grid == "#", WALL, np.where(targets, TARGET, FLOOR)).astype(np.int8)
+    solved = bool((boxes & targets).sum() == self.num_boxes)
+    w = self.dim_room[1]
+    return SokobanState(jnp.asarray(fixed), jnp.asarray(np.flatnonzero(boxes), jnp.int32),
+                        jnp.int32(players[0][0] * w + players[0][1]), jnp.int32(0),
+                        jnp.bool_(solved))
+
+
+def _grid_text(fixed: np.ndarray, boxes: np.ndarray, player: np.ndarray) -> str:
+  target = fixed == TARGET
+  sym = np.where(fixed == WALL, "#", np.where(target, "O", "_"))
+  sym = np.where(boxes, np.where(target, "√", "X"), sym)
+  sym = np.where(player, np.where(target, "S", "P"), sym)
+  return "\n".join("".join(row) for row in sym)
+
+
+def solve(state: SokobanState, max_depth: int = 100) -> Optional[List[int]]:
+  """Breadth-first search for an optimal action list (indices into action_names), or None.
+
+  Host-side and independent of the JAX step (its own push rule), so tests can use it as a
+  second implementation. Returns [] for an already solved state and None when no solution of
+  at most `max_depth` moves exists.
+  """
+  fixed, boxes, player = jax.device_get((state.fixed_HxW, state.boxes_HxW, state.player_rc))
+  fixed = np.asarray(fixed)
+  h, w = fixed.shape
+  walls = {(r, c) for r, c in np.argwhere(fixed == WALL)}
+  targets = frozenset((int(r), int(c)) for r, c in np.argwhere(fixed == TARGET))
+  start = ((int(player[0]), int(player[1])),
+           frozenset((int(r), int(c)) for r, c in np.argwhere(np.asarray(boxes))))
+  if start[1] == targets:
+    return []
+  parents = {start: None}
+  frontier = collections.deque([(start, 0)])
+  while frontier:
+    (pos, bxs), depth = frontier.popleft()
+    if depth >= max_depth:
+      continue
+    for a, (dr, dc) in enumerate(_DELTAS.tolist()):
+      nxt = (pos[0] + dr, pos[1] + dc)
+      if nxt in walls or not (0 <= nxt[0] < h and 0 <= nxt[1] < w):
+        continue
+      new_boxes = bxs
+      if nxt in bxs:
+        beyond = (nxt[0] + dr, nxt[1] + dc)
+        if beyond in walls or beyond in bxs or not (0 <= beyond[0] < h and 0 <= beyond[1] < w):
+          continue
+        new_boxes = (bxs - {nxt}) | {beyond}
+      child = (nxt, new_boxes)
+      if child in parents:
+        continue
+      parents[child] = ((pos, bxs), a)
+      if new_boxes == targets:
+        path = []
+        node = child
+        while parents[node] is not None:
+          node, act = parents[node]
+          path.append(act)
+        return path[::-1]
+      frontier.append((child, depth + 1))
+  return None

