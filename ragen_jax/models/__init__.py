@@ -1,0 +1,24 @@
+"""Qwen2 policy and critic models, presets, and Hugging Face checkpoint I/O.
+
+    from ragen_jax import models
+    model = models.load_hf("/path/to/Qwen2.5-0.5B-Instruct", dtype=jnp.bfloat16)
+    logits_BxTxV = model(input_ids_BxT, attention_mask_BxT)
+    models.save_hf(model, out_dir)
+    model = models.create("tiny", jax.random.key(0))
+
+Dimension legend: B batch, T length, S cache capacity, L layers, D model dim,
+H query heads, K kv heads, Dh head dim, V vocab, F mlp dim.
+"""
+from ragen_jax.models.checkpoint import load_hf
+from ragen_jax.models.checkpoint import save_hf
+from ragen_jax.models.config import get_config
+from ragen_jax.models.config import ModelConfig
+from ragen_jax.models.config import num_params
+from ragen_jax.models.config import PRESETS
+from ragen_jax.models.qwen2 import create
+from ragen_jax.models.qwen2 import critic_from_policy
+from ragen_jax.models.qwen2 import Decoder
+from ragen_jax.models.qwen2 import init_cache
+from ragen_jax.models.qwen2 import KVCache
+from ragen_jax.models.qwen2 import Qwen2
+from ragen_jax.models.qwen2 import Qwen2Critic

@@ -1,0 +1,106 @@
+"""Pure-function pieces of the Qwen2 decoder: RMSNorm, RoPE, attention, MLP.
+
+They take raw arrays (one layer's slice of the stacked parameters) so that the
+decoder can `lax.scan` over layers. Dimension legend: B batch, T new tokens,
+S keys, D model dim, H query heads, K kv heads, G = H // K, Dh head dim,
+F mlp dim.
+"""
+import jax
+import jax.numpy as jnp
+
+# Finite stand-in for -inf: a query with no visible key (a left-padding row)
+# then gets a uniform softmax instead of NaN.
+_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+def rms_norm(x_BxTxD: jax.Array, scale_D: jax.Array, eps: float) -> jax.Array:
+  """RMSNorm computed in float32, as in transformers' Qwen2RMSNorm.
+
+  Args:
+    x_BxTxD: activations.
+    scale_D: learned per-channel scale.
+    eps: added to the mean square.
+
+  Returns:
+    The normalised activations in x's dtype.
+  """
+  x32 = x_BxTxD.astype(jnp.float32)
+  x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  # transformers casts back before the scale; keep that order for bf16 parity.
+  scale = scale_D.astype(x_BxTxD.dtype).reshape((1,) * (x32.ndim - 1) + (-1,))
+  return scale * x32.astype(x_BxTxD.dtype)
+
+
+def rope(x_BxTxNxDh: jax.Array, positions_BxT: jax.Array,
+         theta: float) -> jax.Array:
+  """Rotary embedding with the half-split layout that Qwen2 uses.
+
+  Args:
+    x_BxTxNxDh: queries or keys (N = H or K).
+    positions_BxT: integer positions.
+    theta: base frequency.
+
+  Returns:
+    The rotated array, same shape and dtype.
+  """
+  dh = x_BxTxNxDh.shape[-1]
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, dh, 2, dtype=jnp.float32) / dh))
+  angles_BxTxDh2 = positions_BxT.astype(jnp.float32)[..., None] * inv_freq[None, None]
+  sin = jnp.sin(angles_BxTxDh2)[:, :, None, :]
+  cos = jnp.cos(angles_BxTxDh2)[:, :, None, :]
+  x1, x2 = jnp.split(x_BxTxNxDh.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x_BxTxNxDh.dtype)
+
+
+def attention_mask(key_mask_BxS: jax.Array, query_slot_BxT: jax.Array
+                   ) -> jax.Array:
+  """Which keys each query may see: valid and not in the future.
+
+  Args:
+    key_mask_BxS: True where the key slot holds a real token.
+    query_slot_BxT: the slot index (in the key axis) of each query.
+
+  Returns:
+    Boolean mask_BxTxS.
+  """
+  s = key_mask_BxS.shape[1]
+  causal_BxTxS = jnp.arange(s)[None, None, :] <= query_slot_BxT[:, :, None]
+  return causal_BxTxS & key_mask_BxS[:, None, :]
+
+
+def attend(q_BxTxHxDh: jax.Array, k_BxSxKxDh: jax.Array, v_BxSxKxDh: jax.Array,
+           mask_BxTxS: jax.Array) -> jax.Array:
+  """Grouped-query softmax attention, scores and softmax in float32.
+
+  Query head h uses kv head h // G (transformers' repeat_kv order); the kv
+  heads are never materialised G times.
+
+  Args:
+    q_BxTxHxDh: rotated queries.
+    k_BxSxKxDh: rotated keys.
+    v_BxSxKxDh: values.
+    mask_BxTxS: True where attention is allowed.
+
+  Returns:
+    out_BxTxHxDh in v's dtype.
+  """
+  b, t, h, dh = q_BxTxHxDh.shape
+  k = k_BxSxKxDh.shape[2]
+  q_BxTxKxGxDh = q_BxTxHxDh.reshape(b, t, k, h // k, dh)
+  scores_BxKxGxTxS = jnp.einsum(
+      "btkgd,bskd->bkgts", q_BxTxKxGxDh, k_BxSxKxDh,
+      preferred_element_type=jnp.float32) * (dh ** -0.5)
+  scores_BxKxGxTxS = jnp.where(mask_BxTxS[:, None, None], scores_BxKxGxTxS,
+                               _MASK_VALUE)
+  probs = jax.nn.softmax(scores_BxKxGxTxS, axis=-1).astype(v_BxSxKxDh.dtype)
+  out_BxTxKxGxDh = jnp.einsum("bkgts,bskd->btkgd", probs, v_BxSxKxDh,
+                              preferred_element_type=jnp.float32)
+  return out_BxTxKxGxDh.reshape(b, t, h, dh).astype(v_BxSxKxDh.dtype)
+
+
+def swiglu(x_BxTxD: jax.Array, gate_DxF: jax.Array, up_DxF: jax.Array,
+           down_FxD: jax.Array) -> jax.Array:
+  """Qwen2's MLP: down(silu(gate(x)) * up(x)), no biases."""
+  gate_BxTxF = jax.nn.silu(x_BxTxD @ gate_DxF)
+  return (gate_BxTxF * (x_BxTxD @ up_DxF)) @ down_FxD

@@ -1,0 +1,121 @@
+"""The tokenizer interface shared by all implementations, and the Qwen chat template.
+
+Every tokenizer maps text <-> int ids, knows its end-of-sequence and padding
+ids, and renders chat messages with Qwen2.5's ChatML template:
+
+    <|im_start|>system\\n{system}<|im_end|>\\n<|im_start|>user\\n{...}<|im_end|>\\n
+    ... and, for generation, <|im_start|>assistant\\n
+
+No tensors here; ids are Python lists (the rollout code pads them into
+tokens_BxT arrays).
+"""
+import abc
+from typing import Mapping, Sequence
+
+ENDOFTEXT = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+# Qwen2.5-Instruct's template inserts this when the first message is not a
+# system message (the base models' template says "You are a helpful assistant.").
+QWEN_DEFAULT_SYSTEM = ("You are Qwen, created by Alibaba Cloud. "
+                       "You are a helpful assistant.")
+
+Message = Mapping[str, str]
+
+
+def render_chatml(messages: Sequence[Message], add_generation_prompt: bool = False,
+                  default_system: str | None = QWEN_DEFAULT_SYSTEM) -> str:
+  """Renders `messages` exactly as Qwen2.5's chat template does (without tools).
+
+  Args:
+    messages: dicts with "role" (system, user, assistant or tool) and
+      "content".
+    add_generation_prompt: append the assistant header to prompt a reply.
+    default_system: system text used when messages[0] is not a system message;
+      None inserts no system turn.
+
+  Returns:
+    The prompt string.
+
+  Raises:
+    ValueError: unknown role, or an assistant message with tool calls.
+  """
+  parts = []
+  if default_system is not None and (not messages
+                                     or messages[0]["role"] != "system"):
+    parts.append(f"{IM_START}system\n{default_system}{IM_END}\n")
+  for i, message in enumerate(messages):
+    role, content = message["role"], message["content"]
+    if message.get("tool_calls"):
+      raise ValueError("assistant tool_calls are not supported by render_chatml")
+    if role in ("system", "user", "assistant"):
+      parts.append(f"{IM_START}{role}\n{content}{IM_END}\n")
+    elif role == "tool":
+      # Consecutive tool results share one user turn, as in Qwen's template.
+      if i == 0 or messages[i - 1]["role"] != "tool":
+        parts.append(f"{IM_START}user")
+      parts.append(f"\n<tool_response>\n{content}\n</tool_response>")
+      if i == len(messages) - 1 or messages[i + 1]["role"] != "tool":
+        parts.append(f"{IM_END}\n")
+    else:
+      raise ValueError(f"unknown chat role {role!r}; expected system, user, "
+                       "assistant or tool")
+  if add_generation_prompt:
+    parts.append(f"{IM_START}assistant\n")
+  return "".join(parts)
+
+
+class Tokenizer(abc.ABC):
+  """Text <-> ids, special ids, and the chat template.
+
+  Subclasses implement `encode`, `decode`, `token_to_id`, `vocab_size`,
+  `eos_id` and `pad_id`; `apply_chat_template` defaults to Qwen2.5's ChatML.
+  Special markers in the text (e.g. "<|im_start|>") encode to their single id.
+  """
+
+  default_system: str | None = QWEN_DEFAULT_SYSTEM
+
+  @abc.abstractmethod
+  def encode(self, text: str) -> list[int]:
+    """Ids of `text`; no BOS/EOS is added."""
+
+  @abc.abstractmethod
+  def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+    """Text of `ids`; special tokens dropped when skip_special_tokens."""
+
+  @abc.abstractmethod
+  def token_to_id(self, token: str) -> int:
+    """The id of a single token string; KeyError if it is not one token."""
+
+  @property
+  @abc.abstractmethod
+  def vocab_size(self) -> int:
+    """Number of ids the tokenizer can produce (<= the model's vocab_size)."""
+
+  @property
+  @abc.abstractmethod
+  def eos_id(self) -> int:
+    """Id that ends a generated turn (<|im_end|> for chat models)."""
+
+  @property
+  @abc.abstractmethod
+  def pad_id(self) -> int:
+    """Id used for padding (<|endoftext|> for Qwen)."""
+
+  def apply_chat_template(self, messages: Sequence[Message],
+                          add_generation_prompt: bool = False) -> str:
+    """The chat prompt for `messages` (Qwen2.5 template, no tools).
+
+    Args:
+      messages: list of {"role": ..., "content": ...}.
+      add_generation_prompt: end with "<|im_start|>assistant\\n".
+
+    Returns:
+      The prompt text; `encode` it to get ids.
+    """
+    return render_chatml(messages, add_generation_prompt, self.default_system)
+
+  def encode_chat(self, messages: Sequence[Message],
+                  add_generation_prompt: bool = False) -> list[int]:
+    """Shorthand for encode(apply_chat_template(...))."""
+    return self.encode(self.apply_chat_template(messages, add_generation_prompt))
