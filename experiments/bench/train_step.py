@@ -1,0 +1,205 @@
+"""Throughput of the compiled StarPO train step versus matmul peak and a PyTorch baseline.
+
+    /work/venv/bin/python experiments/bench/train_step.py [--hidden 512 --layers 4 --seq 256 ...]
+
+Measures, in one run on this machine:
+  1. matmul peak: a jitted float32 [n, n] x [n, n] matmul, FLOP/s;
+  2. the jitted, donated `algos.make_train_step` step: "actor" (GRPO: no-grad log-prob pass plus
+     one forward+backward update) and "ppo" (GAE with RAGEN's separate critic, which adds the
+     critic's forward and forward+backward);
+  3. a JAX forward+backward of the same model alone (no optimizer, no extra passes), and
+  4. a PyTorch forward+backward of `transformers.Qwen2ForCausalLM` with the same config and batch.
+FLOPs are counted analytically (MFU style, useful model FLOPs only; rematerialisation is not
+counted): forward = tokens · (2·P_matmul + 4·L·T·H·Dh) with P_matmul the non-embedding matmul
+parameters plus the D·V unembedding; backward = 2 x forward. Prints a markdown table.
+
+Dimensions: B episodes, T tokens, D hidden, V vocabulary, L layers.
+"""
+import argparse
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ragen_jax import algos
+from ragen_jax import models
+from ragen_jax.batch import RolloutBatch
+
+
+def matmul_peak(n, reps):
+  """Best-of-reps FLOP/s of a jitted float32 n x n matmul."""
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+  f = jax.jit(lambda a, b: a @ b)
+  f(a, b).block_until_ready()
+  best = np.inf
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    f(a, b).block_until_ready()
+    best = min(best, time.perf_counter() - t0)
+  return 2.0 * n ** 3 / best
+
+
+def forward_flops(cfg, batch, seq):
+  """Analytic forward FLOPs of the causal LM on batch x seq tokens (logits included)."""
+  d, f, h, k, dh = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
+                    cfg.head_dim)
+  per_layer = d * h * dh + 2 * d * k * dh + h * dh * d + 3 * d * f
+  matmul_params = cfg.num_layers * per_layer + d * cfg.vocab_size
+  attention = 4 * cfg.num_layers * seq * h * dh      # QKᵀ and AV over the full square
+  return batch * seq * (2 * matmul_params + attention)
+
+
+def make_batch(b, t, vocab, group):
+  rng = np.random.RandomState(0)
+  loss = np.zeros((b, t), np.int32)
+  loss[:, t // 4:] = 1
+  loss[:, t // 2:t // 2 + 8] = 0                     # an observation block inside the response
+  scores = rng.randint(0, 3, b).astype(np.float32)
+  rewards = np.zeros((b, t), np.float32)
+  rewards[:, -1] = scores
+  return RolloutBatch(tokens_BxT=jnp.asarray(rng.randint(0, vocab, (b, t)), jnp.int32),
+                      attention_mask_BxT=jnp.ones((b, t), jnp.int32),
+                      loss_mask_BxT=jnp.asarray(loss), logprobs_BxT=jnp.zeros((b, t)),
+                      token_rewards_BxT=jnp.asarray(rewards),
+                      group_ids_B=jnp.asarray(np.arange(b) // group, jnp.int32),
+                      scores_B=jnp.asarray(scores))
+
+
+def interleaved(run_once, steps, matmul_n):
+  """Times run_once `steps` times, measuring the matmul peak right before each timing.
+
+  Other processes share this machine's cores, so the available FLOP/s drifts; pairing each
+  step with an adjacent peak measurement keeps the ratio meaningful.
+
+  Returns:
+    (median seconds per step, median of per-step peaks, list of (seconds, peak) pairs).
+  """
+  pairs = []
+  for i in range(steps):
+    peak = matmul_peak(matmul_n, 3)
+    t0 = time.perf_counter()
+    run_once(i)
+    pairs.append((time.perf_counter() - t0, peak))
+  secs, peaks = zip(*pairs)
+  return float(np.median(secs)), float(np.median(peaks)), pairs
+
+
+def time_jax_step(model_cfg, ppo_cfg, batch, steps, matmul_n):
+  actor = models.create(model_cfg, jax.random.key(0))
+  holder = {"state": algos.init_train_state(actor, None, ppo_cfg, jax.random.key(1))}
+  step = algos.make_train_step(actor, None, ppo_cfg)
+
+  def run_once(i):
+    holder["state"], metrics = step(holder["state"], batch, jax.random.key(i))
+    jax.block_until_ready(metrics)
+
+  t0 = time.perf_counter()
+  run_once(-1)
+  compile_s = time.perf_counter() - t0
+  return interleaved(run_once, steps, matmul_n) + (compile_s,)
+
+
+def time_jax_fwd_bwd(model_cfg, batch, steps, matmul_n, vocab_chunk):
+  """Gradient of the summed token log-probs alone: the same work as the PyTorch baseline."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  actor = models.create(model_cfg, jax.random.key(0))
+  graphdef, params, rest = nnx.split(actor, nnx.Param, ...)
+
+  def loss(params, tokens):
+    model = nnx.merge(graphdef, params, rest)
+    hidden_BxTxD, _ = model.backbone(tokens)
+    logp, _ = algos.sequence_logprobs(hidden_BxTxD, model.unembed_kernel(), tokens, vocab_chunk,
+                                      with_entropy=False)
+    return -jnp.mean(logp)
+
+  grad_fn = jax.jit(jax.value_and_grad(loss))
+
+  def run_once(_):
+    jax.block_until_ready(grad_fn(params, batch.tokens_BxT))
+
+  run_once(-1)
+  return interleaved(run_once, steps, matmul_n)
+
+
+def time_torch(model_cfg, batch, steps, matmul_n):
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  torch.set_num_threads(os.cpu_count())
+  hf = transformers.Qwen2Config(
+      vocab_size=model_cfg.vocab_size, hidden_size=model_cfg.hidden_size,
+      intermediate_size=model_cfg.intermediate_size, num_hidden_layers=model_cfg.num_layers,
+      num_attention_heads=model_cfg.num_heads, num_key_value_heads=model_cfg.num_kv_heads,
+      rope_theta=model_cfg.rope_theta, tie_word_embeddings=model_cfg.tie_word_embeddings,
+      max_position_embeddings=model_cfg.max_position_embeddings)
+  hf._attn_implementation = "sdpa"  # pylint: disable=protected-access
+  model = transformers.Qwen2ForCausalLM(hf).float().train()
+  ids = torch.from_numpy(np.array(batch.tokens_BxT)).long()
+
+  def run_once(_):
+    model.zero_grad(set_to_none=True)
+    model(input_ids=ids, labels=ids).loss.backward()
+
+  run_once(-1)   # warm-up
+  return interleaved(run_once, steps, matmul_n)
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--hidden", type=int, default=512)
+  p.add_argument("--intermediate", type=int, default=1536)
+  p.add_argument("--layers", type=int, default=4)
+  p.add_argument("--heads", type=int, default=8)
+  p.add_argument("--kv_heads", type=int, default=2)
+  p.add_argument("--vocab", type=int, default=2048)
+  p.add_argument("--batch", type=int, default=8)
+  p.add_argument("--seq", type=int, default=256)
+  p.add_argument("--group", type=int, default=4)
+  p.add_argument("--vocab_chunk", type=int, default=1024)
+  p.add_argument("--steps", type=int, default=3)
+  p.add_argument("--matmul_n", type=int, default=2048)
+  p.add_argument("--skip_ppo", action="store_true")
+  args = p.parse_args()
+
+  model_cfg = models.ModelConfig(
+      vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
+      num_layers=args.layers, num_heads=args.heads, num_kv_heads=args.kv_heads, rope_theta=1e4)
+  batch = make_batch(args.batch, args.seq, args.vocab, args.group)
+  tokens = args.batch * args.seq
+  fwd = forward_flops(model_cfg, args.batch, args.seq)
+  print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}, {os.cpu_count()} cpus; "
+        f"params {models.num_params(model_cfg) / 1e6:.1f}M; B={args.batch} T={args.seq} "
+        f"D={args.hidden} L={args.layers} V={args.vocab}; tokens/step {tokens}")
+
+  common = {"num_minibatches": 1, "micro_batches": 1, "vocab_chunk": args.vocab_chunk,
+            "entropy_coeff": 0.001}
+  rows = []
+  runs = [("jax step, actor only (grpo)", algos.PPOConfig(adv_estimator="grpo", **common),
+           fwd + 3 * fwd)]
+  if not args.skip_ppo:
+    runs.append(("jax step, PPO + separate critic (gae)", algos.PPOConfig(**common),
+                 2 * (fwd + 3 * fwd)))
+  for name, ppo_cfg, flops in runs:
+    sec, peak, pairs, compile_s = time_jax_step(model_cfg, ppo_cfg, batch, args.steps,
+                                                args.matmul_n)
+    rows.append((name, sec, peak, pairs, flops, f"compile {compile_s:.0f} s"))
+  sec, peak, pairs = time_jax_fwd_bwd(model_cfg, batch, args.steps, args.matmul_n,
+                                      args.vocab_chunk)
+  rows.append(("jax fwd+bwd only (same work as torch row)", sec, peak, pairs, 3 * fwd,
+               "chunked log-prob loss"))
+  sec, peak, pairs = time_torch(model_cfg, batch, args.steps, args.matmul_n)
+  rows.append(("torch fwd+bwd Qwen2ForCausalLM", sec, peak, pairs, 3 * fwd, "transformers, sdpa"))
+
+  print(f"\n| run | s/step | tokens/s | GFLOP/step | GFLOP/s | matmul peak GFLOP/s "
+        f"(float32 {args.matmul_n}^2) | % of peak | note |")
+  print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+  for name, sec, peak, pairs, flops, note in rows:
+    frac = np.median([flops / s / p for s, p in pairs])   # per-step ratio to its adjacent peak
+    print(f"| {name} | {sec:.3f} | {tokens / sec:,.0f} | {flops / 1e9:.1f} | "
+          f"{flops / sec / 1e9:.1f} | {peak / 1e9:.1f} | {100 * frac:.0f}% | {note} |")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,172 @@
+"""Advantage estimators: GAE with observation skipping, GRPO and the outcome family.
+
+Follows veRL's mathematics (shared/reference/rl_math.md §1.1, §2, §3) as pinned by RAGEN.
+Every function is pure jnp and jit-able; none of them carries gradient in the trainer.
+
+Dimensions:
+  B: episodes (sequences) in the batch.
+  T: token positions of a sequence.
+
+Names carry their shape as a suffix: `mask_BxT` is [B, T], `scores_B` is [B].
+"""
+from jax import lax
+import jax.numpy as jnp
+
+WHITEN_EPS = 1e-8   # inside the rsqrt of masked_whiten, and in masked_mean's denominator
+GRPO_EPS = 1e-6     # added to the group standard deviation (not to the variance)
+
+
+def masked_sum(x, mask):
+  """Σ x·m, with non-finite entries of x at m = 0 replaced by 0 first (so 0·inf is not NaN)."""
+  mask = mask.astype(x.dtype)
+  return jnp.sum(jnp.where(mask > 0, x, 0.0) * mask)
+
+
+def masked_mean(x, mask):
+  """masked_sum(x, m) / (Σ m + 1e-8): the eps keeps an all-masked input at 0 instead of NaN."""
+  return masked_sum(x, mask) / (jnp.sum(mask.astype(x.dtype)) + WHITEN_EPS)
+
+
+def masked_var(x, mask):
+  """Unbiased masked variance over all elements: v = mean_m((x − μ)²) · N/(N − 1).
+
+  veRL raises when N = Σ m < 2. Under jit we cannot raise, so the result is NaN then; the
+  train step checks the token count itself and skips such an update.
+  """
+  mask = mask.astype(x.dtype)
+  n = jnp.sum(mask)
+  mu = masked_mean(x, mask)
+  var = masked_mean(jnp.square(x - mu), mask)
+  return jnp.where(n >= 2, var * n / jnp.maximum(n - 1.0, 1.0), jnp.nan)
+
+
+def masked_whiten(x, mask):
+  """Batch-global whitening: (x − μ) · (v + 1e-8)^(−1/2), μ and unbiased v over all m = 1 entries.
+
+  Applied to every element, masked ones included (they become (x − μ)/σ, usually non-zero).
+  """
+  mu = masked_mean(x, mask)
+  var = masked_var(x, mask)
+  return (x - mu) * lax.rsqrt(var + WHITEN_EPS)
+
+
+def compute_gae(token_rewards_BxT, values_BxT, response_mask_BxT, gamma=1.0, lam=1.0):
+  """GAE of current veRL: masked (observation / padding) positions are skipped.
+
+  Backward over t with carries nv ("next value") and g ("last GAE"), both 0 at t = T:
+    δ_t = r_t + γ·nv − V_t,   cand_t = δ_t + γλ·g
+    m_t = 1: nv ← V_t, g ← cand_t;   m_t = 0: carries unchanged
+    Â_t = g (after the update)
+  So γ is applied once across a block of observation tokens, rewards and values at masked
+  positions are ignored, a masked position holds the advantage of the next valid token (0 if
+  none) and the bootstrap after the last valid token is 0.
+
+  Returns:
+    (advantages_BxT, returns_BxT): advantages = masked_whiten(Â, m) (batch-global, unbiased,
+    eps 1e-8); returns = Â + V, taken before whitening (finite junk at masked positions).
+  """
+  rewards = token_rewards_BxT.astype(jnp.float32)
+  values = values_BxT.astype(jnp.float32)
+  valid = response_mask_BxT > 0
+
+  def step(carry, xs):
+    next_value_B, last_gae_B = carry
+    r_B, v_B, m_B = xs
+    delta_B = r_B + gamma * next_value_B - v_B
+    cand_B = delta_B + gamma * lam * last_gae_B
+    next_value_B = jnp.where(m_B, v_B, next_value_B)
+    last_gae_B = jnp.where(m_B, cand_B, last_gae_B)
+    return (next_value_B, last_gae_B), last_gae_B
+
+  zeros_B = jnp.zeros(rewards.shape[0], jnp.float32)
+  _, gae_TxB = lax.scan(step, (zeros_B, zeros_B), (rewards.T, values.T, valid.T), reverse=True)
+  raw_adv_BxT = gae_TxB.T
+  returns_BxT = raw_adv_BxT + values
+  return masked_whiten(raw_adv_BxT, valid), returns_BxT
+
+
+def _same_group_BxB(group_ids_B, valid_B):
+  """same[i, j] = 1 when episodes i and j share a group id and j is a valid (kept) episode."""
+  same = group_ids_B[:, None] == group_ids_B[None, :]
+  return (same & valid_B[None, :]).astype(jnp.float32)
+
+
+def group_mean_std(scores_B, group_ids_B, valid_B=None):
+  """Per-episode statistics of its group: (mean_B, unbiased std_B, count_B).
+
+  Groups are formed by equal ids among valid episodes, in O(B²) (B is at most a few thousand).
+  The std of a singleton is reported as 0 here (callers apply their own singleton rule).
+  """
+  scores_B = scores_B.astype(jnp.float32)
+  if valid_B is None:
+    valid_B = jnp.ones(scores_B.shape, bool)
+  same_BxB = _same_group_BxB(group_ids_B, valid_B)
+  n_B = jnp.sum(same_BxB, axis=1)
+  # A masked sum rather than a matmul: TPU/GPU default matmul precision would round the scores.
+  mean_B = jnp.sum(same_BxB * scores_B[None, :], axis=1) / jnp.maximum(n_B, 1.0)
+  sq_dev_BxB = jnp.square(scores_B[None, :] - mean_B[:, None])
+  var_B = jnp.sum(same_BxB * sq_dev_BxB, axis=1) / jnp.maximum(n_B - 1.0, 1.0)
+  std_B = jnp.where(n_B >= 2, jnp.sqrt(var_B), 0.0)
+  return mean_B, std_B, n_B
+
+
+def grpo_advantages(scores_B, group_ids_B, norm_by_std=True, eps=GRPO_EPS, valid_B=None):
+  """GRPO per-sequence advantages (veRL's loop implementation).
+
+    |g| ≥ 2: μ_g = mean, σ_g = unbiased std;  |g| = 1 (singleton): μ_g = 0, σ_g = 1
+    a_i = (s_i − μ_g)/(σ_g + eps)   if norm_by_std   (eps on the std, not the variance)
+    a_i = s_i − μ_g                 otherwise (Dr.GRPO)
+  A group of equal scores gets 0; a singleton keeps its raw score s_i/(1 + eps).
+  Invalid episodes (valid_B False) neither contribute to nor receive statistics (they get 0).
+  """
+  scores_B = scores_B.astype(jnp.float32)
+  if valid_B is None:
+    valid_B = jnp.ones(scores_B.shape, bool)
+  mean_B, std_B, n_B = group_mean_std(scores_B, group_ids_B, valid_B)
+  singleton_B = n_B < 2
+  mean_B = jnp.where(singleton_B, 0.0, mean_B)
+  std_B = jnp.where(singleton_B, 1.0, std_B)
+  adv_B = scores_B - mean_B
+  if norm_by_std:
+    adv_B = adv_B / (std_B + eps)
+  return jnp.where(valid_B, adv_B, 0.0)
+
+
+def brpo_advantages(scores_B, eps=GRPO_EPS, valid_B=None):
+  """BRPO (batch-normalised rewards): a_i = (s_i − μ_batch)/(σ_batch + eps), unbiased σ.
+
+  The whole (valid part of the) batch is one group, so the singleton rule of GRPO applies
+  when only one episode is valid.
+  """
+  return grpo_advantages(scores_B, jnp.zeros(scores_B.shape, jnp.int32), True, eps, valid_B)
+
+
+def outcome_advantages(scores_B, group_ids_B, response_mask_BxT, estimator, valid_B=None):
+  """Critic-free estimators, a per-sequence scalar broadcast over tokens: A_{i,t} = a_i·m_{i,t}.
+
+  estimator: "arpo" (a_i = s_i, raw), "brpo" (batch mean/std), "grpo" (group mean/std),
+  "drgrpo" (group mean only). Returns (advantages_BxT, returns_BxT) with returns = advantages,
+  as in veRL.
+  """
+  scores_B = scores_B.astype(jnp.float32)
+  if valid_B is None:
+    valid_B = jnp.ones(scores_B.shape, bool)
+  if estimator == "arpo":
+    adv_B = jnp.where(valid_B, scores_B, 0.0)
+  elif estimator == "brpo":
+    adv_B = brpo_advantages(scores_B, valid_B=valid_B)
+  elif estimator == "grpo":
+    adv_B = grpo_advantages(scores_B, group_ids_B, True, valid_B=valid_B)
+  elif estimator == "drgrpo":
+    adv_B = grpo_advantages(scores_B, group_ids_B, False, valid_B=valid_B)
+  else:
+    raise ValueError(f"unknown outcome estimator {estimator!r}")
+  adv_BxT = adv_B[:, None] * response_mask_BxT.astype(jnp.float32)
+  return adv_BxT, adv_BxT
+
+
+def explained_variance(values_BxT, returns_BxT, mask_BxT):
+  """veRL's critic/vf_explained_var: 1 − Var_m(R − V) / (Var_m(R) + 1e-5), unbiased variances."""
+  var_resid = masked_var(returns_BxT - values_BxT, mask_BxT)
+  var_ret = masked_var(returns_BxT, mask_BxT)
+  return 1.0 - var_resid / (var_ret + 1e-5)

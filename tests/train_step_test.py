@@ -1,0 +1,245 @@
+"""The compiled StarPO train step on a tiny Qwen2: gradients, learning, filtering, compilation.
+
+Dimensions: B episodes, T tokens, V vocabulary.
+"""
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from ragen_jax import algos
+from ragen_jax import models
+from ragen_jax.batch import RolloutBatch
+
+MODEL = models.ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
+                           num_heads=2, num_kv_heads=1, rope_theta=1e4)
+FAST = {"xla_backend_optimization_level": 0}   # compile time dominates on 2 CPU cores
+B, T = 8, 12
+
+
+def make_batch(seed=0, scores=(1.0, 0.0, 1.0, 0.0, 2.0, 0.5, 3.0, 2.0)):
+  """Two groups of 4; left padding; two assistant turns with observation tokens between."""
+  rng = np.random.RandomState(seed)
+  tokens = rng.randint(1, MODEL.vocab_size, (B, T)).astype(np.int32)
+  attn = np.ones((B, T), np.int32)
+  attn[::2, :2] = 0                       # left padding on every other row
+  tokens[attn == 0] = 0
+  loss = np.zeros((B, T), np.int32)
+  loss[:, 4:7] = 1                        # assistant turn 1
+  loss[:, 9:12] = 1                       # assistant turn 2 (positions 7-8 are observations)
+  loss[3, 9:12] = 0                       # one episode ended after its first turn
+  scores = np.asarray(scores, np.float32)
+  rewards = np.zeros((B, T), np.float32)
+  last = T - 1 - np.argmax(loss[:, ::-1], axis=1)
+  rewards[np.arange(B), last] = scores
+  return RolloutBatch(tokens_BxT=jnp.asarray(tokens), attention_mask_BxT=jnp.asarray(attn),
+                      loss_mask_BxT=jnp.asarray(loss), logprobs_BxT=jnp.zeros((B, T)),
+                      token_rewards_BxT=jnp.asarray(rewards),
+                      group_ids_B=jnp.asarray(np.repeat([3, 8], 4).astype(np.int32)),
+                      scores_B=jnp.asarray(scores))
+
+
+def ref_gae_raw(r, v, m):
+  """γ = λ = 1 GAE with observation skipping (rl_math §2.1), raw advantages."""
+  adv = np.zeros_like(r)
+  for i in range(r.shape[0]):
+    nv = g = 0.0
+    for t in reversed(range(r.shape[1])):
+      if m[i, t]:
+        g = r[i, t] + nv - v[i, t] + g
+        nv = v[i, t]
+      adv[i, t] = g
+  return adv
+
+
+def full_logp_entropy(model, tokens, attn):
+  """Full-logits reference: position t scores tokens[t] from the logits at t − 1."""
+  logits = model(tokens, attn)
+  lsm = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+  logp = jnp.take_along_axis(lsm, tokens[:, 1:, None], -1)[..., 0]
+  ent = -jnp.sum(jnp.exp(lsm) * lsm, axis=-1)
+  return jnp.pad(logp, ((0, 0), (1, 0))), jnp.pad(ent, ((0, 0), (1, 0)))
+
+
+def snapshot(tree):
+  return jax.tree.map(np.array, tree)
+
+
+# ---------------------------------------------------------------- gradient of the jitted step
+
+def test_jitted_step_gradient_equals_plain_loss_gradient():
+  actor = models.create(MODEL, jax.random.key(0))
+  ref = models.create(MODEL, jax.random.key(5))
+  critic = models.critic_from_policy(actor)
+  cfg = algos.PPOConfig(num_minibatches=1, micro_batches=2, shuffle=False, entropy_coeff=0.01,
+                        use_kl_loss=True, kl_coef=0.1, kl_type="k3", vocab_chunk=24)
+  sgd = optax.sgd(1.0)          # parameter delta = −gradient exactly
+  state = algos.init_train_state(actor, critic, cfg, jax.random.key(1), ref_model=ref,
+                                 actor_tx=sgd, critic_tx=sgd)
+  step = algos.make_train_step(actor, critic, cfg, ref_model=ref, actor_tx=sgd, critic_tx=sgd,
+                               compiler_options=FAST)
+  batch = make_batch()
+  before = snapshot((state.actor_params, state.critic_params))
+  state, metrics = step(state, batch, jax.random.key(2))
+  after = snapshot((state.actor_params, state.critic_params))
+
+  # Plain, unjitted reference: full logits, NumPy GAE, mean of the two micro-batch losses.
+  tokens, attn = batch.tokens_BxT, batch.attention_mask_BxT
+  m = np.asarray(batch.loss_mask_BxT, np.float32)
+  values = np.asarray(critic(tokens, attn))
+  values = np.pad(values[:, :-1], ((0, 0), (1, 0))) * m
+  raw = ref_gae_raw(np.asarray(batch.token_rewards_BxT, np.float64), values, m)
+  valid = raw[m == 1]
+  adv = (raw - valid.mean()) / np.sqrt(valid.var(ddof=1) + 1e-8)
+  returns = raw + values
+  old_logp, _ = full_logp_entropy(actor, tokens, attn)
+  ref_logp, _ = full_logp_entropy(ref, tokens, attn)
+  halves = [slice(0, 4), slice(4, 8)]
+
+  def actor_loss(params):
+    model = algos.actor_module(actor, state.replace(actor_params=params))
+    logp, ent = full_logp_entropy(model, tokens, attn)
+    total = 0.0
+    for h in halves:
+      pg, _ = algos.policy_loss(logp[h], old_logp[h], jnp.asarray(adv[h], jnp.float32), m[h])
+      kl = algos.kl_penalty(logp[h], ref_logp[h], "k3")
+      total += pg - 0.01 * algos.agg_loss(ent[h], m[h]) + 0.1 * algos.agg_loss(kl, m[h])
+    return total / 2
+
+  def critic_loss(params):
+    graphdef, _, rest = nnx.split(critic, nnx.Param, ...)
+    v = nnx.merge(graphdef, params, rest)(tokens, attn)
+    v = jnp.pad(v[:, :-1], ((0, 0), (1, 0)))
+    total = 0.0
+    for h in halves:
+      total += algos.value_loss(v[h], values[h], returns[h].astype(np.float32), m[h], 0.5)[0]
+    return total / 2
+
+  g_actor = jax.grad(actor_loss)(jax.tree.map(jnp.asarray, before[0]))
+  g_critic = jax.grad(critic_loss)(jax.tree.map(jnp.asarray, before[1]))
+  for g_ref, b0, b1 in ((g_actor, before[0], after[0]), (g_critic, before[1], after[1])):
+    flat_ref = jax.tree.leaves(g_ref)
+    flat_delta = [x1 - x0 for x0, x1 in zip(jax.tree.leaves(b0), jax.tree.leaves(b1))]
+    scale = max(np.abs(np.asarray(g)).max() for g in flat_ref)
+    assert scale > 1e-4
+    for gr, d in zip(flat_ref, flat_delta):
+      np.testing.assert_allclose(-d, gr, rtol=1e-3, atol=1e-5 * scale)
+  assert float(metrics["rollout/skipped"]) == 0.0
+  np.testing.assert_allclose(metrics["actor/grad_norm"], optax.tree.norm(g_actor), rtol=1e-3)
+
+
+# ---------------------------------------------------------------- AdamW step, shared compile
+
+@pytest.fixture(scope="module")
+def adamw_setup():
+  actor = models.create(MODEL, jax.random.key(0))
+  cfg = algos.PPOConfig(num_minibatches=2, micro_batches=2, actor_lr=3e-3, critic_lr=3e-3,
+                        filter_include_zero=False, vocab_chunk=32, ppo_epochs=2)
+  step = algos.make_train_step(actor, None, cfg, compiler_options=FAST)
+  return actor, cfg, step
+
+
+def test_repeated_steps_lower_the_losses_without_recompiling(adamw_setup):
+  actor, cfg, step = adamw_setup
+  state = algos.init_train_state(actor, None, cfg, jax.random.key(1))
+  batch = make_batch()
+  m = batch.loss_mask_BxT
+  logp0, _ = full_logp_entropy(actor, batch.tokens_BxT, batch.attention_mask_BxT)
+  # Fixed advantages for the surrogate: γ = λ = 1 returns minus zero initial values, whitened.
+  raw = ref_gae_raw(np.asarray(batch.token_rewards_BxT), np.zeros((B, T)), np.asarray(m))
+  adv = jnp.asarray(np.where(np.asarray(m) > 0, raw - raw[np.asarray(m) > 0].mean(), 0.0),
+                    jnp.float32)
+
+  def surrogate(st):
+    logp, _ = full_logp_entropy(algos.actor_module(actor, st), batch.tokens_BxT,
+                                batch.attention_mask_BxT)
+    return float(-algos.masked_mean(adv * (logp - logp0), m))
+
+  vf = []
+  for i in range(6):
+    leaf = jax.tree.leaves(state.actor_params)[0]
+    state, metrics = step(state, batch, jax.random.key(i))
+    assert leaf.is_deleted()                     # the state was donated
+    vf.append(float(metrics["critic/vf_loss"]))
+  assert surrogate(state) < -0.05
+  assert vf[-1] < 0.7 * vf[0]
+  assert int(state.step) == 6 and int(state.skipped_steps) == 0
+  expected = {"actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl",
+              "actor/entropy", "actor/grad_norm", "critic/vf_loss", "critic/vf_clipfrac",
+              "critic/vf_explained_var", "critic/advantages/mean", "critic/advantages/max",
+              "critic/advantages/min", "critic/returns/mean", "critic/values/mean",
+              "rollout/in_group_reward_std", "rollout/filter_kept_ratio", "rollout/skipped"}
+  assert expected <= set(metrics)
+  assert all(np.isfinite(float(v)) and np.shape(v) == () for v in metrics.values())
+  # Other contents with the same shapes (and a fully filtered batch below) reuse the program.
+  state, _ = step(state, make_batch(seed=7), jax.random.key(9))
+  assert step._cache_size() == 1
+
+
+def test_filter_masks_groups_and_skips_empty_steps(adamw_setup):
+  actor, cfg, step = adamw_setup
+  state = algos.init_train_state(actor, None, cfg, jax.random.key(1))
+  # Every group has equal scores: include_zero=False keeps nothing, the step is a no-op.
+  flat = make_batch(scores=(1.0,) * 4 + (2.0,) * 4)
+  before = snapshot(state)
+  state, metrics = step(state, flat, jax.random.key(0))
+  assert float(metrics["rollout/skipped"]) == 1.0
+  assert float(metrics["rollout/filter_kept_ratio"]) == 0.0
+  assert all(np.isfinite(float(v)) for v in metrics.values())
+  for x0, x1 in zip(jax.tree.leaves(before), jax.tree.leaves(state)):
+    if x0.shape == () and x0.dtype == np.int32:
+      continue
+    np.testing.assert_array_equal(x0, x1)
+  assert int(state.skipped_steps) == 1 and int(state.step) == 1
+
+  # Second group flat: only the first group is trained, and the dropped group's tokens have no
+  # influence on the update.
+  scores = (1.0, 0.0, 1.0, 0.0, 2.0, 2.0, 2.0, 2.0)
+  base = make_batch(scores=scores)
+  other_tokens = base.tokens_BxT.at[4:].set((base.tokens_BxT[4:] * 7 + 3) % MODEL.vocab_size)
+  results = []
+  for batch in (base, base.replace(tokens_BxT=other_tokens)):
+    s = jax.tree.map(jnp.array, state)
+    s, metrics = step(s, batch, jax.random.key(3))
+    results.append(snapshot(s.actor_params))
+    assert float(metrics["rollout/filter_kept_ratio"]) == 0.5
+    assert float(metrics["train/num_updates"]) == 2.0      # one minibatch per epoch, 2 epochs
+  for a, b in zip(jax.tree.leaves(results[0]), jax.tree.leaves(results[1])):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+  assert step._cache_size() == 1
+
+
+# ---------------------------------------------------------------- shared trunk, config checks
+
+def test_shared_value_head_trains_trunk_and_head():
+  actor = models.create(MODEL, jax.random.key(0))
+  cfg = algos.PPOConfig(critic="shared", num_minibatches=1, micro_batches=1, actor_lr=1e-3,
+                        critic_lr=1e-2, vocab_chunk=64)
+  state = algos.init_train_state(actor, None, cfg, jax.random.key(1))
+  step = algos.make_train_step(actor, None, cfg, compiler_options=FAST)
+  before = snapshot(state)
+  state, metrics = step(state, make_batch(), jax.random.key(0))
+  assert np.abs(np.asarray(state.critic_params["value_kernel"])).max() > 0
+  emb0 = before.actor_params["decoder"]["embedding"]
+  assert np.abs(np.asarray(state.actor_params["decoder"]["embedding"]) - emb0).max() > 0
+  assert float(metrics["critic/vf_loss"]) > 0 and np.isfinite(float(metrics["actor/pg_loss"]))
+
+
+def test_config_validation():
+  with pytest.raises(ValueError, match="adv_estimator"):
+    algos.PPOConfig(adv_estimator="ppo")
+  with pytest.raises(ValueError, match="clip_c"):
+    algos.PPOConfig(clip_c=1.0)
+  with pytest.raises(ValueError, match="agg_mode"):
+    algos.PPOConfig(agg_mode="mean")
+  with pytest.raises(ValueError, match="filter_strategy"):
+    algos.PPOConfig(filter_strategy="top_q")
+  with pytest.raises(ValueError, match="num_minibatches"):
+    algos.PPOConfig(num_minibatches=0)
+  with pytest.raises(ValueError, match="divisible"):
+    algos.PPOConfig(num_minibatches=3).check_batch(8)
+  cfg = algos.PPOConfig()
+  assert (cfg.clip_low, cfg.clip_high, cfg.entropy_coeff, cfg.weight_decay) == (0.2, 0.28, 0.001,
+                                                                                0.01)
