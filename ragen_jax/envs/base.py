@@ -18,6 +18,8 @@ import dataclasses
 from typing import Any, Dict, Sequence, Tuple
 
 import jax
+from jax import lax
+import jax.numpy as jnp
 import numpy as np
 
 Info = Dict[str, jax.Array]
@@ -61,6 +63,20 @@ class Env(abc.ABC):
   def grid_vocab(self) -> Dict[str, str]:
     """Symbol -> meaning, in RAGEN's legend order (empty for text-only environments)."""
     return {}
+
+
+def flood_fill(seed_HxW: jax.Array, passable_HxW: jax.Array, steps: int) -> jax.Array:
+  """Cells 4-connected to `seed` through `passable` cells, after `steps` growth steps.
+
+  A fixed step count (at least the longest shortest path) keeps shapes and trip counts static,
+  so it vmaps without waiting on the slowest lane of a `while_loop`.
+  """
+  def grow(_, reach):
+    pad = jnp.pad(reach, 1)
+    near = pad[:-2, 1:-1] | pad[2:, 1:-1] | pad[1:-1, :-2] | pad[1:-1, 2:]
+    return reach | (near & passable_HxW)
+
+  return lax.fori_loop(0, steps, grow, seed_HxW)
 
 
 def check_format(fmt: str) -> None:

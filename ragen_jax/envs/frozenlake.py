@@ -74,14 +74,8 @@ class FrozenLake(base.Env):
     _, ends = lax.top_k(jax.random.uniform(k_ends, (s * s,)), 2)
     start, goal = ends[0], ends[1]
     holes = holes.reshape(-1).at[start].set(False).at[goal].set(False).reshape(s, s)
-    reach = jnp.zeros((s * s,), jnp.bool_).at[start].set(True).reshape(s, s)
-
-    def grow(_, reach):
-      pad = jnp.pad(reach, 1)
-      near = pad[:-2, 1:-1] | pad[2:, 1:-1] | pad[1:-1, :-2] | pad[1:-1, 2:]
-      return reach | (near & ~holes)
-
-    reach = lax.fori_loop(0, s * s - 1, grow, reach)
+    seed = jnp.zeros((s * s,), jnp.bool_).at[start].set(True).reshape(s, s)
+    reach = base.flood_fill(seed, ~holes, s * s - 1)
     tiles = jnp.where(holes, HOLE, FROZEN).reshape(-1).at[goal].set(GOAL)
     return reach.reshape(-1)[goal], tiles.reshape(s, s).astype(jnp.int8), start, goal
 

@@ -31,6 +31,8 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
+from ragen_jax.envs import base
+
 # Walk directions (row, col): down, right, up, left, as gym-sokoban's topology walk.
 _WALK_DIRS = jnp.array([[1, 0], [0, 1], [-1, 0], [0, -1]], jnp.int32)
 # The five 3x3 floor stamps of gym-sokoban's topology walk, centred on the walker.
@@ -142,14 +144,8 @@ def _room(key, dim, num_boxes, num_gen_steps):
   # (RAGEN's generator rejects it after its search instead): flood-fill the player's free
   # region, then look for a reachable cell next to a box with a free cell beyond it.
   free_HxW = floor_HxW & ~jnp.zeros((h * w,), jnp.bool_).at[targets_K].set(True).reshape(h, w)
-  reach = jnp.zeros((h * w,), jnp.bool_).at[player].set(True).reshape(h, w)
-
-  def grow(_, reach):
-    pad = jnp.pad(reach, 1)
-    near = pad[:-2, 1:-1] | pad[2:, 1:-1] | pad[1:-1, :-2] | pad[1:-1, 2:]
-    return reach | (near & free_HxW)
-
-  reach = lax.fori_loop(0, (h - 2) * (w - 2), grow, reach)
+  seed = jnp.zeros((h * w,), jnp.bool_).at[player].set(True).reshape(h, w)
+  reach = base.flood_fill(seed, free_HxW, (h - 2) * (w - 2))
   pad_reach, pad_free = jnp.pad(reach, 2), jnp.pad(free_HxW, 2)
   rows, cols = targets_K // w + 2, targets_K % w + 2
   pullable = jnp.zeros((), jnp.bool_)
