@@ -64,7 +64,7 @@ def ours(env, batch, scan_steps=100):
   return gen_rate, call_rate, scan_rate
 
 
-def gym_sokoban_rates(num_levels=300, num_steps=20000):
+def gym_sokoban_rates(num_levels=1000, num_steps=50000):
   """gym-sokoban's generator and its step without rendering, or None if not installed."""
   try:
     from gym_sokoban.envs import room_utils  # pylint: disable=g-import-not-at-top

@@ -60,8 +60,8 @@ class Sokoban(base.Env):
   dim_room: Tuple[int, int] = (6, 6)
   num_boxes: int = 1
   max_steps: int = 100
-  search_depth: int = 30       # steps of each reverse walk (RAGEN: the reverse DFS depth)
-  num_reverse_walks: int = 16  # parallel reverse walks per room
+  search_depth: int = 40       # steps of each reverse walk (RAGEN: the reverse DFS depth)
+  num_reverse_walks: int = 32  # parallel reverse walks per room
   num_gen_steps: Optional[int] = None  # topology walk; None -> int(1.7 * (H + W))
   num_candidates: int = 4      # rooms drawn per try (RAGEN: 4 topology tries)
   step_reward: float = -0.1
