@@ -136,8 +136,11 @@ def test_random_play_matches_numpy_and_conserves(levels, level, actions):
   env, states, _ = levels
   state = jax.tree.map(lambda x: jnp.asarray(x[level]), states)
   run = _scan_actions(env)
-  boxes_seq, player_seq = jax.device_get(run(state, jnp.asarray(actions, jnp.int32)))
+  final_fixed, (boxes_seq, player_seq) = jax.device_get(
+      run(state, jnp.asarray(actions, jnp.int32)))
   fixed = np.asarray(state.fixed_HxW)
+  np.testing.assert_array_equal(final_fixed, fixed)  # Walls and targets never move.
+  assert (fixed == sokoban.TARGET).sum() == env.num_boxes
   boxes, player = np.asarray(state.boxes_HxW), tuple(int(x) for x in state.player_rc)
   for t, a in enumerate(actions):
     if (boxes & (fixed == sokoban.TARGET)).sum() == env.num_boxes:
@@ -159,7 +162,8 @@ def _scan_actions(env):
       def body(s, a):
         s, *_ = env.step(jax.random.PRNGKey(0), s, a)
         return s, (s.boxes_HxW, s.player_rc)
-      return jax.lax.scan(body, state, actions)[1]
+      final, seq = jax.lax.scan(body, state, actions)
+      return final.fixed_HxW, seq
     _SCAN_CACHE[env] = jax.jit(run)
   return _SCAN_CACHE[env]
 
