@@ -128,7 +128,7 @@ def test_save_hf_loads_in_transformers_with_same_logits(tmp_path, tied):
   assert hf.config.tie_word_embeddings == tied
 
   ids, mask = left_padded_batch(np.random.default_rng(2), [7, 3], 7)
-  ours = np.asarray(model(ids, mask))
+  ours = np.asarray(model(ids, attention_mask=mask))  # The keyword form.
   ref = hf_logits(hf, ids, mask)
   real = mask.astype(bool)
   assert np.max(np.abs(ours[real] - ref[real])) <= 1e-4

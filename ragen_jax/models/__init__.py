@@ -2,7 +2,7 @@
 
     from ragen_jax import models
     model = models.load_hf("/path/to/Qwen2.5-0.5B-Instruct", dtype=jnp.bfloat16)
-    logits_BxTxV = model(input_ids_BxT, attention_mask_BxT)
+    logits_BxTxV = model(input_ids_BxT, attention_mask=mask_BxT)
     models.save_hf(model, out_dir)
     model = models.create("tiny", jax.random.key(0))
 

@@ -236,13 +236,14 @@ class Qwen2(nnx.Module):
       return self.decoder.embedding[...].T
     return self.lm_head[...]
 
-  def backbone(self, input_ids_BxT, attention_mask_BxT=None, *,
+  def backbone(self, input_ids_BxT, attention_mask=None, *,
                positions_BxT=None, cache=None):
     """Final-normed hidden states, for vocabulary-chunked log-probs.
 
     Args:
       input_ids_BxT: int token ids.
-      attention_mask_BxT: 1 for real tokens, 0 for padding; None = all real.
+      attention_mask: [B, T], 1 for real tokens, 0 for padding; None = all real.
+        Named as in `transformers`, so `model(ids, attention_mask=mask)` works.
       positions_BxT: RoPE positions; default derived from the mask (and the
         cache's valid slots).
       cache: optional KVCache; the T tokens are written at its end_index.
@@ -250,10 +251,10 @@ class Qwen2(nnx.Module):
     Returns:
       (hidden_BxTxD in config.dtype, the updated cache or None).
     """
-    return self.decoder(input_ids_BxT, attention_mask_BxT,
+    return self.decoder(input_ids_BxT, attention_mask,
                         positions_BxT=positions_BxT, cache=cache)
 
-  def __call__(self, input_ids_BxT, attention_mask_BxT=None, *,
+  def __call__(self, input_ids_BxT, attention_mask=None, *,
                positions_BxT=None, cache=None):
     """Logits of the next token at every position.
 
@@ -263,7 +264,7 @@ class Qwen2(nnx.Module):
       float32 logits_BxTxV, or (logits_BxTxV, new_cache) when a cache is given.
     """
     hidden_BxTxD, new_cache = self.backbone(
-        input_ids_BxT, attention_mask_BxT, positions_BxT=positions_BxT,
+        input_ids_BxT, attention_mask, positions_BxT=positions_BxT,
         cache=cache)
     kernel_DxV = self.unembed_kernel().astype(self.config.dtype)
     logits_BxTxV = jnp.einsum("btd,dv->btv", hidden_BxTxD, kernel_DxV,
@@ -283,10 +284,10 @@ class Qwen2Critic(nnx.Module):
                                jnp.float32)
     self.value_bias = _param(jnp.zeros(()), (), jnp.float32)
 
-  def __call__(self, input_ids_BxT, attention_mask_BxT=None, *,
+  def __call__(self, input_ids_BxT, attention_mask=None, *,
                positions_BxT=None):
     """Returns float32 values_BxT (one value per token position)."""
-    hidden_BxTxD, _ = self.decoder(input_ids_BxT, attention_mask_BxT,
+    hidden_BxTxD, _ = self.decoder(input_ids_BxT, attention_mask,
                                    positions_BxT=positions_BxT)
     return (jnp.einsum("btd,d->bt", hidden_BxTxD.astype(jnp.float32),
                        self.value_kernel[...]) + self.value_bias[...])
