@@ -104,6 +104,13 @@ def test_filter_groups_matches_reference(scores, config, include_zero):
   strategy, value, ftype, mode = config
   if ftype == "smallest" and strategy == "min_p":
     hypothesis.assume(not include_zero or min(scores) > 0)
+  if strategy == "top_p" and mode == "linear":
+    # A running sum that lands on the threshold within float32 rounding is a coin toss between
+    # float32 (the filter) and float64 (the reference): such ties are not what is tested.
+    cand = [x for x in scores if include_zero or abs(x) > 1e-10]
+    thr = value * sum(cand) - 0.01
+    partial = np.cumsum(sorted(cand, reverse=True))
+    hypothesis.assume(np.all(np.abs(partial - thr) > 1e-5))
   got = algos.filter_groups(jnp.asarray(scores), strategy, value, filter_type=ftype,
                             include_zero=include_zero, prob_mode=mode)
   assert kept_set(got) == ref_filter(scores, strategy, value, ftype, include_zero, mode)

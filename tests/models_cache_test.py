@@ -12,7 +12,6 @@ import pytest
 
 from ragen_jax import models
 
-jax.config.update("jax_numpy_rank_promotion", "raise")
 
 CONFIG = models.ModelConfig(
     vocab_size=61, hidden_size=32, intermediate_size=64, num_layers=2,

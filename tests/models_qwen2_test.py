@@ -19,7 +19,6 @@ import transformers
 from flax import nnx
 from ragen_jax import models
 
-jax.config.update("jax_numpy_rank_promotion", "raise")
 torch.manual_seed(0)
 
 VOCAB = 97

@@ -41,7 +41,7 @@ class SokobanState:
   @property
   def boxes_HxW(self) -> jax.Array:
     h, w = self.fixed_HxW.shape[-2:]
-    cells = jnp.arange(h * w)
+    cells = jnp.arange(h * w).reshape((1,) * self.boxes_K.ndim + (h * w,))
     grid = jnp.any(self.boxes_K[..., :, None] == cells, axis=-2)
     return grid.reshape(grid.shape[:-1] + (h, w))
 
@@ -96,7 +96,7 @@ class Sokoban(base.Env):
         keys_B, self.dim_room, self.num_boxes, gen_steps, self.search_depth,
         self.num_reverse_walks, self.num_candidates)
     batch = keys_B.shape[0]
-    is_target = jnp.any(targets_BxK[:, :, None] == jnp.arange(h * w), axis=1)
+    is_target = jnp.any(targets_BxK[:, :, None] == jnp.arange(h * w)[None, None, :], axis=1)
     fixed = jnp.where(is_target, TARGET, jnp.where(floor_BxN, FLOOR, WALL)).astype(jnp.int8)
     return SokobanState(fixed.reshape(batch, h, w), boxes_BxK, player_B,
                         jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), jnp.bool_))
