@@ -1,0 +1,153 @@
+"""Sampling throughput against transformers `generate`, and a full multi-turn rollout.
+
+    python -m experiments.bench.sampling [--preset tiny] [--batches 32,64] [--prompt 128]
+        [--new 128] [--iters 3] [--rollout_new 64] [--rollout_context 1536]
+
+Part 1 (same run, same weights, same left-padded batch, float32): our model is created, saved
+with `models.save_hf` and loaded into transformers' Qwen2ForCausalLM (default sdpa attention,
+PyTorch CPU under inference_mode). Both sides decode greedily for exactly `--new` tokens (no
+stop token). Prefill tokens/s = B x prompt / prefill time (ours: the jitted prefill plus one
+sampled token, i.e. `generate` with one new token, on both sides). Decode tokens/s =
+B x (new - new/4) / (time of generate(new) - time of generate(new/4)), so prefill and per-call
+overheads cancel. Calls alternate between the two sides (the CPUs are shared), median of
+`--iters`; the end-to-end generate time is printed too.
+
+Part 2: a full rollout of 8 groups x 16 episodes x 5 turns of Sokoban with the same model
+(random weights, so every reply runs to the token cap or a stop), after one warm-up rollout
+that compiles everything. Reports decode (prefill + decode loop, device), environment (reset,
+jitted batched step, host rendering) and host (tokenisation, parsing, bookkeeping) seconds,
+and the prefill tokens of KV-cache appending vs re-encoding the history every turn.
+Dimension legend: B batch, N new tokens.
+"""
+import argparse
+import json
+import statistics
+import tempfile
+import time
+
+from flax import nnx
+import jax
+import numpy as np
+import torch
+import transformers
+
+from ragen_jax import envs
+from ragen_jax import models
+from ragen_jax import rollout
+from ragen_jax import sampling
+from ragen_jax import tokenizers
+
+
+def _median_interleaved(fns, iters):
+  for fn in fns:  # warm-up: compilation for JAX
+    fn()
+  times = [[] for _ in fns]
+  for _ in range(iters):
+    for fn, ts in zip(fns, times):
+      start = time.perf_counter()
+      fn()
+      ts.append(time.perf_counter() - start)
+  return [statistics.median(ts) for ts in times]
+
+
+def bench_decode(model, hf, batch, prompt, new, iters):
+  """tokens/s of prefill and decode, ours and transformers', on one batch."""
+  rng = np.random.default_rng(0)
+  vocab = model.config.vocab_size
+  ids_BxT = rng.integers(10, vocab, size=(batch, prompt)).astype(np.int32)
+  mask_BxT = np.ones_like(ids_BxT)
+  for row in range(batch):  # left padding of 0 .. prompt/4 tokens
+    mask_BxT[row, :rng.integers(0, prompt // 4 + 1)] = 0
+  ids_t, mask_t = torch.tensor(ids_BxT, dtype=torch.long), torch.tensor(mask_BxT)
+  key = jax.random.key(0)
+
+  def ours(n):
+    return lambda: jax.block_until_ready(sampling.generate(
+        model, ids_BxT, mask_BxT, key=key, max_new_tokens=n, temperature=0.0).tokens)
+
+  def theirs(n):
+    def run():
+      with torch.inference_mode():
+        return hf.generate(input_ids=ids_t, attention_mask=mask_t, do_sample=False,
+                           max_new_tokens=n, min_new_tokens=n, pad_token_id=0,
+                           eos_token_id=None, top_k=None, top_p=None, temperature=None)
+    return run
+
+  short = max(new // 4, 2)
+  ours_pre, theirs_pre, ours_short, theirs_short, ours_gen, theirs_gen = _median_interleaved(
+      [ours(1), theirs(1), ours(short), theirs(short), ours(new), theirs(new)], iters)
+  # Same tokens on both sides (a check that the comparison is apples to apples).
+  same = np.array_equal(np.asarray(ours(new)()), theirs(new)()[:, prompt:].numpy())
+  real = int(mask_BxT.sum())
+  # Decode rate from two lengths: prefill and per-call overheads cancel.
+  row = dict(batch=batch, prompt=prompt, new=new,
+             ours_prefill_tok_s=real / ours_pre, hf_prefill_tok_s=real / theirs_pre,
+             ours_decode_tok_s=batch * (new - short) / max(ours_gen - ours_short, 1e-9),
+             hf_decode_tok_s=batch * (new - short) / max(theirs_gen - theirs_short, 1e-9),
+             ours_generate_s=ours_gen, hf_generate_s=theirs_gen, same_tokens=bool(same))
+  row["decode_speedup"] = row["ours_decode_tok_s"] / row["hf_decode_tok_s"]
+  row["prefill_speedup"] = row["ours_prefill_tok_s"] / row["hf_prefill_tok_s"]
+  return row
+
+
+def bench_rollout(model, new_tokens, context):
+  tok = tokenizers.load("sentencepiece")
+  config = rollout.RolloutConfig(env_groups=8, group_size=16, max_turns=5,
+                                 max_new_tokens=new_tokens, max_context=context,
+                                 render_format="grid_coord", max_tokens_hint=120)
+  engine = rollout.Rollout(envs.make("sokoban"), tok, config)
+  start = time.perf_counter()
+  engine.run(model, jax.random.key(0), seed=10000)  # compiles
+  first = time.perf_counter() - start
+  result = engine.run(model, jax.random.key(1), seed=10008)
+  s = dict(result.summary)
+  s["first_rollout_s"] = first
+  s["episodes"] = engine.batch_size
+  s["sampled_tok_s"] = s["generated_tokens"] / s["decode_s"]
+  return s
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--preset", default="tiny")
+  parser.add_argument("--batches", default="32,64")
+  parser.add_argument("--prompt", type=int, default=128)
+  parser.add_argument("--new", type=int, default=128)
+  parser.add_argument("--iters", type=int, default=5)
+  parser.add_argument("--rollout_new", type=int, default=64)
+  parser.add_argument("--rollout_context", type=int, default=1536)
+  parser.add_argument("--skip_rollout", action="store_true")
+  args = parser.parse_args()
+
+  model = models.create(args.preset, jax.random.key(0))
+  with tempfile.TemporaryDirectory() as tmp:
+    models.save_hf(model, tmp)
+    hf = transformers.Qwen2ForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
+  print(f"jax {jax.__version__} on {jax.devices()[0].platform}; torch {torch.__version__} "
+        f"with {torch.get_num_threads()} threads; preset {args.preset} "
+        f"({models.num_params(model.config) / 1e6:.1f}M params)")
+  print("| batch | prompt | new | prefill tok/s ours | prefill tok/s HF | decode tok/s ours "
+        "| decode tok/s HF | decode speed-up | generate s ours / HF | same tokens |")
+  print("|---|---|---|---|---|---|---|---|---|---|")
+  for batch in [int(b) for b in args.batches.split(",")]:
+    r = bench_decode(model, hf, batch, args.prompt, args.new, args.iters)
+    print(f"| {batch} | {args.prompt} | {args.new} | {r['ours_prefill_tok_s']:,.0f} | "
+          f"{r['hf_prefill_tok_s']:,.0f} | {r['ours_decode_tok_s']:,.0f} | "
+          f"{r['hf_decode_tok_s']:,.0f} | {r['decode_speedup']:.1f}x | "
+          f"{r['ours_generate_s']:.2f} / {r['hf_generate_s']:.2f} | {r['same_tokens']} |")
+  if args.skip_rollout:
+    return
+  s = bench_rollout(model, args.rollout_new, args.rollout_context)
+  print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in s.items()},
+                   indent=1))
+  print(f"rollout {s['episodes']} episodes x <= 5 turns, {args.rollout_new} new tokens/turn: "
+        f"total {s['total_s']:.1f}s = decode {s['decode_s']:.1f}s + env {s['env_s']:.1f}s + "
+        f"host {s['host_s']:.1f}s (first, compiling: {s['first_rollout_s']:.1f}s); "
+        f"{s['generated_tokens']:.0f} sampled tokens, {s['sampled_tok_s']:,.0f} tok/s; prefill "
+        f"tokens appended {s['prefill_tokens_append']:.0f} vs re-encoded "
+        f"{s['prefill_tokens_reencode']:.0f} "
+        f"({s['prefill_tokens_reencode'] / s['prefill_tokens_append']:.1f}x)")
+
+
+if __name__ == "__main__":
+  main()

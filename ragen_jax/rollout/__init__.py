@@ -1,0 +1,14 @@
+"""Multi-turn rollout (RAGEN's agent loop) over a KV cache that grows turn by turn.
+
+    from ragen_jax import rollout
+    engine = rollout.Rollout(env, tokenizer, rollout.RolloutConfig(env_groups=8, group_size=16))
+    result = engine.run(model, key, seed=10000)   # result.batch is a RolloutBatch
+
+Dimension legend: B episodes, T sequence tokens (see ragen_jax.batch).
+"""
+from ragen_jax.rollout import prompts
+from ragen_jax.rollout.engine import config_from
+from ragen_jax.rollout.engine import Episode
+from ragen_jax.rollout.engine import Rollout
+from ragen_jax.rollout.engine import RolloutConfig
+from ragen_jax.rollout.engine import RolloutResult

@@ -1,0 +1,384 @@
+"""RAGEN's multi-turn rollout: env groups played by the LLM over a growing KV cache.
+
+    from ragen_jax import rollout
+    engine = rollout.Rollout(env, tokenizer, rollout.RolloutConfig(env_groups=8, group_size=16))
+    result = engine.run(model, key, seed=10000)
+    result.batch     # ragen_jax.batch.RolloutBatch, one sequence per episode
+    result.metrics   # per-episode numpy arrays; result.summary: batch means, pass@k
+
+Per turn: (host) build each active episode's new tokens, (device) compact the cache and append
+them, then decode until every row stops (`sampling.extend`), (host) decode and parse the
+replies, (device) step all episodes' actions in one jitted, vmapped call, (host) render.
+
+The cache is never re-encoded: turn t appends only [last sampled token] + the turn-end and new
+user text, so prefill cost per turn is the new text, not the whole history (counted in
+`summary["prefill_tokens_append"]` vs `["prefill_tokens_reencode"]`). Text is tokenised per
+segment (prompt, then each appended user turn) and the sequence in `batch` is exactly what the
+cache saw. When a reply ends without `<|im_end|>` (stopped on `</answer>` or the token cap), the
+engine appends `<|im_end|>` itself; those appended tokens, like all user text, have loss mask 0.
+The trained tokens are exactly the sampled tokens.
+
+Context: when an episode's next turn would not fit `max_context` (history + new user turn +
+`max_new_tokens`), or one user turn exceeds `max_turn_tokens`, the episode stops before that
+turn (never mid-turn) and `context_truncated` is 1 for it.
+
+Differences from RAGEN: trained tokens are the raw samples (RAGEN re-tokenises a cleaned
+reply); one format penalty per offending turn; an over-long context stops the episode rather
+than dropping the oldest turns (which would invalidate the cached keys of every later turn).
+Metrics: `action_is_valid` is the share of turns without a format penalty, `action_is_effective`
+the share of executed actions that changed the state.
+
+Dimension legend: G env groups, B = G x group_size episodes, A max actions per turn,
+C appended chunk length (bucketed), N max new tokens per turn, S cache capacity, T sequence.
+"""
+import dataclasses
+import functools
+import time
+from typing import Any, Dict, List
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ragen_jax import models
+from ragen_jax import sampling
+from ragen_jax.batch import RolloutBatch
+from ragen_jax.rollout import prompts
+from ragen_jax.tokenizers import base as tok_base
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+  """Knobs of one rollout (RAGEN's defaults)."""
+  env_groups: int = 8              # groups; each shares one start state
+  group_size: int = 16             # episodes per group
+  max_turns: int = 5               # agent_proxy.max_turn
+  max_actions_per_turn: int = 2    # answer words kept per turn
+  max_actions_per_traj: int = 10   # action budget of an episode
+  action_sep: str = "||"
+  format_penalty: float = -0.1     # per turn with a missing tag, unknown or no action
+  enable_think: bool = True        # <think>...</think><answer>...</answer> format
+  max_new_tokens: int = 400        # per turn (RAGEN response_length)
+  max_context: int = 3600          # tokens of a whole conversation (RAGEN max_model_len)
+  max_turn_tokens: int = 512       # longest appended user turn (sizes the cache slack)
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0
+  render_format: str = "grid"      # grid | coord | grid_coord
+  max_tokens_hint: int = 100       # the prompt's "Max response length: N words (tokens)."
+  use_turn_scores: bool = False    # also put each turn's reward on its last token
+  instruction: str | None = None   # None: RAGEN's instruction for the env
+
+  def __post_init__(self):
+    for name in ("env_groups", "group_size", "max_turns", "max_actions_per_turn",
+                 "max_actions_per_traj", "max_new_tokens", "max_turn_tokens"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"rollout {name} must be positive, got {getattr(self, name)}")
+    if self.max_context <= self.max_new_tokens:
+      raise ValueError("rollout max_context must exceed max_new_tokens")
+
+
+def config_from(config, validation: bool = False) -> RolloutConfig:
+  """RolloutConfig from an experiment config's `env` and `rollout` sections.
+
+  With validation, the `val_*` group count, group size and temperature replace the training
+  ones (one rollout batch then holds at most `rollout.env_groups` validation groups).
+  """
+  r, e = config.rollout, config.env
+  groups, size, temperature = r.env_groups, r.group_size, r.temperature
+  if validation:
+    groups, size = min(r.env_groups, r.val_env_groups), r.val_group_size
+    temperature = r.val_temperature
+  return RolloutConfig(
+      env_groups=groups, group_size=size, max_turns=r.max_turns,
+      max_actions_per_turn=r.max_actions_per_turn, max_actions_per_traj=e.max_actions_per_traj,
+      action_sep=r.action_sep, format_penalty=r.format_penalty, enable_think=r.enable_think,
+      max_new_tokens=r.max_new_tokens, max_context=r.max_context,
+      max_turn_tokens=r.max_turn_tokens, temperature=temperature, top_p=r.top_p, top_k=r.top_k,
+      render_format=e.render_format, max_tokens_hint=e.max_tokens_hint,
+      use_turn_scores=r.use_turn_scores)
+
+
+@dataclasses.dataclass
+class Episode:
+  """Host record of one episode."""
+  tokens: List[int]
+  loss: List[int]
+  logprobs: List[float]
+  rewards: List[float]
+  messages: List[Dict[str, str]]
+  action_names: tuple
+  actions_left: int
+  turns: int = 0
+  done: bool = False
+  success: bool = False
+  env_return: float = 0.0
+  penalty: float = 0.0
+  num_actions: int = 0
+  num_effective: int = 0
+  valid_turns: int = 0
+  context_truncated: bool = False
+  last_reply_end: int = -1  # index in tokens of the last sampled token
+
+
+@dataclasses.dataclass
+class RolloutResult:
+  batch: RolloutBatch
+  metrics: Dict[str, np.ndarray]   # per episode, [B]
+  summary: Dict[str, float]        # batch means, pass@group_size, cost counters, timings
+  episodes: List[Dict[str, Any]]   # messages, success, reward, turns (for JSON logs)
+
+
+def _step_batch(env, states, actions_BxA, key):
+  """Plays each episode's actions in order until done; -1 slots are skipped."""
+  b, a = actions_BxA.shape
+  keys_BxA = jax.random.split(key, b * a).reshape(b, a)
+
+  def one(state, actions_A, keys_A):
+    def body(carry, x):
+      state, reward, n_exec, n_eff, success = carry
+      action, k = x
+      take = (action >= 0) & ~state.done
+      new, r, _, info = env.step(k, state, jnp.maximum(action, 0))
+      state = jax.tree.map(lambda n, o: jnp.where(take, n, o), new, state)
+      return (state, reward + jnp.where(take, r, 0.0), n_exec + take,
+              n_eff + (take & info["action_is_effective"]),
+              success | (take & info["success"])), None
+    zero = jnp.zeros((), jnp.int32)
+    carry, _ = jax.lax.scan(body, (state, jnp.float32(0.0), zero, zero, jnp.bool_(False)),
+                            (actions_A, keys_A))
+    return carry
+
+  return jax.vmap(one)(states, actions_BxA, keys_BxA)
+
+
+@functools.lru_cache(maxsize=None)
+def _env_functions(env):
+  """Jitted (reset over keys, step over the batch), shared by every Rollout of `env`."""
+  reset_batch = getattr(env, "reset_batch", None) or jax.vmap(env.reset)
+  return jax.jit(reset_batch), jax.jit(functools.partial(_step_batch, env))
+
+
+class Rollout:
+  """Plays `env_groups x group_size` episodes of `env` with an LLM; see the module doc."""
+
+  def __init__(self, env, tokenizer: tok_base.Tokenizer, config: RolloutConfig):
+    self.env, self.tok, self.config = env, tokenizer, config
+    c = config
+    self.batch_size = c.env_groups * c.group_size
+    # History + new tokens of a row never exceed max_context; the shared write offset adds at
+    # most one bucketed user turn (and a bucketed first prompt stays within 255 of its size).
+    self.capacity = (-(-c.max_context // 256) * 256
+                     + max(sampling.bucket(c.max_turn_tokens), 256))
+    answer_end = tokenizer.encode("</answer>")
+    self.options = sampling.sampling_options(
+        max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p,
+        top_k=c.top_k, stop_token_ids=(tokenizer.eos_id,), stop_sequences=(answer_end,),
+        pad_id=tokenizer.pad_id)
+    self._reset, self._step = _env_functions(env)
+    self.instruction = (prompts.env_instruction(env, c.render_format)
+                        if c.instruction is None else c.instruction)
+    self._legend = env.grid_vocab if c.render_format != "coord" else {}
+
+  # ------------------------------------------------------------------ host helpers
+
+  def _render(self, host_states, b: int) -> str:
+    return self.env.render(jax.tree.map(lambda x: x[b], host_states), self.config.render_format)
+
+  def _user_turn(self, ep: Episode, turn: int, state_text: str) -> str:
+    return prompts.turn_prompt(turn, state_text, ep.actions_left, self.config.enable_think,
+                               self.config.max_tokens_hint)
+
+  def _chunk(self, ep: Episode, reward_text: str, user_text: str) -> List[int]:
+    """Tokens appended before turn t > 1: close the reply, the user turn, the new header."""
+    closed = ep.tokens[ep.last_reply_end] == self.tok.eos_id
+    text = ("" if closed else tok_base.IM_END) + f"\n{tok_base.IM_START}user\n" + reward_text
+    text += (user_text + f"{tok_base.IM_END}\n{tok_base.IM_START}assistant\n"
+             + prompts.generation_prefix(self.config.enable_think))
+    return self.tok.encode(text)
+
+  # ------------------------------------------------------------------ the loop
+
+  def run(self, model: models.Qwen2, key: jax.Array, seed: int) -> RolloutResult:
+    """Plays one batch; group g starts from the level of seed `seed + g`."""
+    c, tok, b = self.config, self.tok, self.batch_size
+    t_start = time.perf_counter()
+    timing = {"decode_s": 0.0, "env_s": 0.0}
+    graphdef, params = nnx.split(model)
+
+    tic = time.perf_counter()
+    group_keys = jax.vmap(jax.random.key)(seed + jnp.arange(c.env_groups))
+    states = self._reset(jnp.repeat(group_keys, c.group_size, axis=0))
+    host = jax.device_get(states)
+    texts = [self._render(host, i) for i in range(b)]
+    names = [tuple(self.env.action_names_for(jax.tree.map(lambda x: x[i], host)))
+             for i in range(b)]
+    timing["env_s"] += time.perf_counter() - tic
+
+    eps: List[Episode] = []
+    chunks: List[List[int]] = []
+    for i in range(b):
+      system = prompts.system_prompt(self.instruction, self._legend, names[i],
+                                     c.max_actions_per_traj, c.action_sep)
+      ep = Episode([], [], [], [], [{"role": "system", "content": system}], names[i],
+                   c.max_actions_per_traj)
+      user = self._user_turn(ep, 1, texts[i])
+      ep.messages.append({"role": "user", "content": user})
+      prompt = tok.apply_chat_template(ep.messages, add_generation_prompt=True)
+      chunks.append(tok.encode(prompt + prompts.generation_prefix(c.enable_think)))
+      if len(chunks[-1]) + c.max_new_tokens > c.max_context:
+        raise ValueError(f"the first prompt ({len(chunks[-1])} tokens) plus max_new_tokens "
+                         f"exceeds max_context={c.max_context}")
+      eps.append(ep)
+
+    cache = models.init_cache(model.config, b, self.capacity)
+    stats = dict(prefill_tokens_append=0, prefill_tokens_reencode=0, prefill_slots=0,
+                 decode_steps=0, generated_tokens=0)
+    pending = [""] * b  # the reward text that opens the next user message
+    for turn in range(1, c.max_turns + 1):
+      active = [i for i in range(b) if not eps[i].done]
+      if turn > 1:
+        for i in active:  # build the appended tokens; stop episodes that would overflow
+          ep = eps[i]
+          user = self._user_turn(ep, turn, texts[i])
+          chunk = self._chunk(ep, pending[i], user)
+          if (len(chunk) > c.max_turn_tokens
+              or len(ep.tokens) + len(chunk) + c.max_new_tokens > c.max_context):
+            ep.done, ep.context_truncated = True, True
+            continue
+          ep.messages.append({"role": "user", "content": pending[i] + user})
+          chunks[i] = [ep.tokens[ep.last_reply_end]] + chunk
+        active = [i for i in range(b) if not eps[i].done]
+      if not active:
+        break
+      width = sampling.bucket(max(len(chunks[i]) for i in active))
+      ids_BxC = np.full((b, width), tok.pad_id, np.int32)
+      mask_BxC = np.zeros((b, width), np.int32)
+      active_B = np.zeros((b,), bool)
+      for i in active:
+        ids_BxC[i, width - len(chunks[i]):] = chunks[i]
+        mask_BxC[i, width - len(chunks[i]):] = 1
+        active_B[i] = True
+        stats["prefill_tokens_append"] += len(chunks[i])
+        stats["prefill_tokens_reencode"] += len(eps[i].tokens) + len(chunks[i]) - (turn > 1)
+      stats["prefill_slots"] += b * width
+
+      tic = time.perf_counter()
+      if turn > 1:
+        cache = sampling.compact(cache, jnp.asarray(active_B))
+      # The context check guarantees the fit; extend() raises loudly otherwise.
+      window = sampling.window_for(int(cache.end_index) + width + c.max_new_tokens,
+                                   self.capacity)
+      key, sub = jax.random.split(key)
+      out, cache = sampling.extend(graphdef, params, cache, ids_BxC, mask_BxC,
+                                   jnp.asarray(active_B), sub, window=window, **self.options)
+      tokens_BxN, logprobs_BxN, lengths_B = jax.device_get(out)
+      timing["decode_s"] += time.perf_counter() - tic
+      stats["decode_steps"] += int(lengths_B.max())
+      stats["generated_tokens"] += int(lengths_B.sum())
+
+      actions_BxA = np.full((b, c.max_actions_per_turn), -1, np.int32)
+      penalised, no_valid = {}, {}
+      for i in active:
+        ep, n = eps[i], int(lengths_B[i])
+        new = chunks[i][1:] if turn > 1 else chunks[i]
+        ep.tokens += new + tokens_BxN[i, :n].tolist()
+        ep.loss += [0] * len(new) + [1] * n
+        ep.logprobs += [0.0] * len(new) + logprobs_BxN[i, :n].tolist()
+        ep.rewards += [0.0] * (len(new) + n)
+        ep.last_reply_end = len(ep.tokens) - 1
+        reply = prompts.generation_prefix(c.enable_think) + tok.decode(tokens_BxN[i, :n])
+        ep.messages.append({"role": "assistant", "content": reply})
+        parsed = prompts.parse_response(reply, c.enable_think, c.action_sep,
+                                        c.max_actions_per_turn)
+        indices, invalid = prompts.match_actions(parsed.actions, ep.action_names)
+        penalised[i] = prompts.turn_penalised(parsed, invalid)
+        no_valid[i] = not indices
+        run = indices[:ep.actions_left]
+        actions_BxA[i, :len(run)] = run
+
+      tic = time.perf_counter()
+      key, sub = jax.random.split(key)
+      states, reward_B, n_exec_B, n_eff_B, success_B = self._step(states, actions_BxA, sub)
+      host, reward_B, n_exec_B, n_eff_B, success_B = jax.device_get(
+          (states, reward_B, n_exec_B, n_eff_B, success_B))
+      env_done = np.asarray(host.done)
+      for i in active:
+        ep = eps[i]
+        penalty = c.format_penalty if penalised[i] else 0.0
+        ep.turns += 1
+        ep.env_return += float(reward_B[i])
+        ep.penalty += penalty
+        ep.num_actions += int(n_exec_B[i])
+        ep.num_effective += int(n_eff_B[i])
+        ep.valid_turns += not penalised[i]
+        ep.actions_left -= int(n_exec_B[i])
+        ep.success |= bool(success_B[i])
+        if c.use_turn_scores:
+          ep.rewards[-1] += float(reward_B[i]) + penalty
+        ep.done = bool(env_done[i]) or ep.actions_left <= 0 or turn == c.max_turns
+        # RAGEN shows the format penalty in the reward text when no valid action was made.
+        shown = float(reward_B[i]) + (c.format_penalty if no_valid[i] else 0.0)
+        pending[i] = prompts.reward_prompt(shown)
+        if not ep.done:
+          texts[i] = self._render(host, i)
+      timing["env_s"] += time.perf_counter() - tic
+
+    result = self._finish(eps, stats)
+    total = time.perf_counter() - t_start
+    result.summary.update(timing)
+    result.summary["total_s"] = total
+    result.summary["host_s"] = total - timing["decode_s"] - timing["env_s"]
+    return result
+
+  # ------------------------------------------------------------------ outputs
+
+  def _finish(self, eps: List[Episode], stats: Dict[str, int]) -> RolloutResult:
+    c, b = self.config, self.batch_size
+    for ep in eps:
+      score = ep.env_return + ep.penalty
+      if not c.use_turn_scores:
+        ep.rewards[ep.last_reply_end] += score
+    width = sampling.bucket(max(len(ep.tokens) for ep in eps))
+    arrays = {name: np.zeros((b, width), dtype) for name, dtype in (
+        ("tokens", np.int32), ("mask", np.int32), ("loss", np.int32), ("logprobs", np.float32),
+        ("rewards", np.float32))}
+    arrays["tokens"][:] = self.tok.pad_id
+    for i, ep in enumerate(eps):
+      n = len(ep.tokens)
+      for name, values in (("tokens", ep.tokens), ("loss", ep.loss), ("logprobs", ep.logprobs),
+                           ("rewards", ep.rewards)):
+        arrays[name][i, width - n:] = values
+      arrays["mask"][i, width - n:] = 1
+    group_ids = np.repeat(np.arange(c.env_groups, dtype=np.int32), c.group_size)
+    metrics = {
+        "success": np.array([ep.success for ep in eps], np.float32),
+        "num_actions": np.array([ep.num_actions for ep in eps], np.float32),
+        "action_is_valid": np.array([ep.valid_turns / max(ep.turns, 1) for ep in eps],
+                                    np.float32),
+        "action_is_effective": np.array([ep.num_effective / max(ep.num_actions, 1)
+                                         for ep in eps], np.float32),
+        "format_penalty": np.array([ep.penalty for ep in eps], np.float32),
+        "num_turns": np.array([ep.turns for ep in eps], np.float32),
+        "response_length": np.array([sum(ep.loss) for ep in eps], np.float32),
+        "context_truncated": np.array([ep.context_truncated for ep in eps], np.float32),
+        "return": np.array([ep.env_return + ep.penalty for ep in eps], np.float32),
+    }
+    batch = RolloutBatch(
+        tokens_BxT=jnp.asarray(arrays["tokens"]),
+        attention_mask_BxT=jnp.asarray(arrays["mask"]),
+        loss_mask_BxT=jnp.asarray(arrays["loss"]),
+        logprobs_BxT=jnp.asarray(arrays["logprobs"]),
+        token_rewards_BxT=jnp.asarray(arrays["rewards"]),
+        group_ids_B=jnp.asarray(group_ids),
+        scores_B=jnp.asarray(metrics["return"]))
+    summary = {name: float(np.mean(v)) for name, v in metrics.items()}
+    group_success = metrics["success"].reshape(c.env_groups, c.group_size).max(axis=1)
+    summary[f"pass@{c.group_size}"] = float(np.mean(group_success))
+    summary.update({k: float(v) for k, v in stats.items()})
+    episodes = [dict(messages=ep.messages, success=bool(ep.success),
+                     reward=float(ep.env_return + ep.penalty), turns=ep.turns,
+                     group_id=int(group_ids[i]), context_truncated=ep.context_truncated)
+                for i, ep in enumerate(eps)]
+    return RolloutResult(batch, metrics, summary, episodes)

@@ -1,0 +1,124 @@
+"""RAGEN's prompt text and response parsing (host side, one episode at a time).
+
+Conversation of one episode (Qwen ChatML, as RAGEN's ctx_manager builds it):
+
+  system:    "You're a helpful assistant. " + instruction + symbol legend + action names + budget
+  user:      "\\nTurn 1:\\nState:\\n<render>\\nYou have N actions left. Always output: ..."
+  assistant: "<think>" + sampled reply          (generation starts after the "<think>" prefix)
+  user:      "Reward:\\n<r>\\n" + "\\nTurn 2:\\n..."
+  ...
+
+Parsing follows RAGEN: regex `<think>(.*?)</think>\\s*<answer>(.*?)</answer>` (DOTALL, search),
+special tokens stripped from the captures, the answer split on the separator, trimmed, empties
+dropped, at most `max_actions` kept, then each word matched to an action name ignoring case.
+Nothing here raises on model output: junk simply parses to no actions.
+"""
+import dataclasses
+import re
+from typing import Dict, Sequence, Tuple
+
+# RAGEN's env_instruction texts (config/envs.yaml). "{corner}" is the bottom-right coordinate;
+# RAGEN hard-codes "(5, 5)", which is wrong for boards other than 6x6.
+_SOKOBAN = (
+    "You are solving the Sokoban puzzle. \nYou are the player and you need to push all boxes to "
+    "targets. \nWhen you are right next to a box, you can push it by moving in the same "
+    "direction. \nYou cannot push a box through a wall, and you cannot pull a box. \nThe answer "
+    "should be a sequence of actions, like <answer>Right || Right || Up</answer>\n")
+_COORD_SOKOBAN = (
+    "You are solving the Sokoban puzzle. You are the player and you need to push all boxes to "
+    "targets.\nYou are provided with a symbol grid and the zero-indexed coordinates of the "
+    "player, each box, and each target. \nCoordinates range from the top-left corner (0, 0) to "
+    "the bottom-right corner {corner}. \nWhen you are exactly next to a box, you can push it by "
+    "moving in the same direction. \nYou cannot push a box through a wall, and you cannot pull "
+    "a box.\nThe answer should be a sequence of actions, like "
+    "<answer>Right || Right || Up</answer>.\n")
+_FROZENLAKE = (
+    "You are solving the FrozenLake puzzle. Forbid the whole and go to the target. You may move "
+    "to the unintended direction due to the slippery ice. Example answer format: <think>To forbid "
+    "the hole and go to the target, I should go left then go up.</think><answer>Left || "
+    "Up</answer>")
+_COORD_FROZENLAKE = (
+    "You are solving the FrozenLake puzzle. The observation includes both a symbol grid and "
+    "zero-indexed coordinates for the start, goal, player, and any holes.\nCoordinates range "
+    "from the top-left corner (0, 0) to the bottom-right corner {corner}.\nBeware that the ice "
+    "is slippery, so the agent might slide and end up in an unintended tile.\nRespond with a "
+    "sequence of actions such as <answer>Left || Up || Up</answer>.\n")
+
+SPECIAL_TOKENS = ("<think>", "</think>", "<answer>", "</answer>", "<|im_start|>", "<|im_end|>")
+_THINK_ANSWER = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def env_instruction(env, render_format: str) -> str:
+  """RAGEN's instruction for `env` (the Coord* tags' text when coordinates are rendered)."""
+  coord = render_format != "grid"
+  if env.name == "sokoban":
+    h, w = env.dim_room
+    return _COORD_SOKOBAN.format(corner=f"({h - 1}, {w - 1})") if coord else _SOKOBAN
+  if env.name == "frozenlake":
+    s = env.size
+    return _COORD_FROZENLAKE.format(corner=f"({s - 1}, {s - 1})") if coord else _FROZENLAKE
+  return ""  # Bandit: the observation itself explains the task.
+
+
+def system_prompt(instruction: str, grid_vocab: Dict[str, str], action_names: Sequence[str],
+                  max_actions_per_traj: int, action_sep: str = "||") -> str:
+  """System message: instruction, symbol legend, action names and the action budget."""
+  text = "You're a helpful assistant. " + instruction
+  if grid_vocab:
+    text += ("\nThe meaning of each symbol in the state is:\n"
+             + ", ".join(f"{k}: {v}" for k, v in grid_vocab.items()))
+  text += "\nYour available actions are:\n" + ", ".join(action_names)
+  text += (f"\nYou can make up to {max_actions_per_traj} actions, separated by the action "
+           f"separator \" {action_sep} \"\n")
+  return text
+
+
+def turn_prompt(turn: int, state_text: str, actions_left: int, enable_think: bool = True,
+                max_tokens_hint: int = 100) -> str:
+  """The user text of turn `turn` (1-based)."""
+  fmt = ("<think>...</think><answer>...</answer>" if enable_think else "<answer>...</answer>")
+  return (f"\nTurn {turn}:\nState:\n{state_text}\nYou have {actions_left} actions left. Always "
+          f"output: {fmt} with no extra text. Strictly follow this format. Max response length: "
+          f"{max_tokens_hint} words (tokens).\n")
+
+
+def reward_prompt(reward: float) -> str:
+  """Opens the user message after a reply (RAGEN prints the turn reward this way)."""
+  return f"Reward:\n{round(float(reward), 4)}\n"
+
+
+def generation_prefix(enable_think: bool = True) -> str:
+  """Text the assistant turn starts with; generation continues after it."""
+  return "<think>" if enable_think else "<answer>"
+
+
+@dataclasses.dataclass(frozen=True)
+class Parsed:
+  actions: Tuple[str, ...]  # answer words, at most max_actions, as written
+  matched: bool             # the tag regex matched
+
+
+def parse_response(text: str, enable_think: bool = True, action_sep: str = "||",
+                   max_actions: int = 2) -> Parsed:
+  """Parses a full reply (generation prefix included); never raises."""
+  match = (_THINK_ANSWER if enable_think else _ANSWER).search(text)
+  if match is None:
+    return Parsed((), False)
+  answer = match.group(2 if enable_think else 1)
+  for token in SPECIAL_TOKENS:
+    answer = answer.replace(token, "")
+  words = [w.strip() for w in answer.split(action_sep)] if action_sep else [answer.strip()]
+  return Parsed(tuple(w for w in words if w)[:max_actions], True)
+
+
+def match_actions(words: Sequence[str], action_names: Sequence[str]) -> Tuple[list, int]:
+  """(action indices of the words that name an action, number of words that do not)."""
+  lookup = {name.lower(): i for i, name in enumerate(action_names)}
+  indices = [lookup[w.lower()] for w in words if w.lower() in lookup]
+  return indices, len(words) - len(indices)
+
+
+def turn_penalised(parsed: Parsed, num_invalid: int) -> bool:
+  """RAGEN's format penalty condition: a missing tag, an unknown action, or no action at all."""
+  return (not parsed.matched) or num_invalid > 0 or not parsed.actions

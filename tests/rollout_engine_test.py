@@ -1,0 +1,218 @@
+"""The multi-turn rollout engine: KV-append decoding vs a full forward, and scripted episodes.
+
+Two kinds of tests:
+  * a random tiny model plays Sokoban; the log-probs the engine recorded (decoded turn by turn
+    over a compacted, appended cache) must equal a full forward pass over the final sequences;
+  * `sampling.extend` is replaced by a script of replies, so penalties, action budgets,
+    rewards, success and the token layout are checked against hand-computed values and an
+    independent BFS solver.
+Dimension legend: B episodes, T sequence, N new tokens per turn, V vocab.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ragen_jax import envs
+from ragen_jax import models
+from ragen_jax import rollout
+from ragen_jax import sampling
+from ragen_jax import tokenizers
+from ragen_jax.envs import sokoban
+from ragen_jax.rollout import engine as engine_module
+
+TOK = tokenizers.load("sentencepiece")
+
+
+@pytest.fixture(scope="module")
+def model():
+  return models.create("tiny", jax.random.key(0))
+
+
+def small_config(**kw):
+  # One temperature and cache capacity (1536 slots) everywhere: tests share compiled code.
+  base = dict(env_groups=2, group_size=2, max_turns=3, max_new_tokens=16, max_context=1024,
+              max_turn_tokens=400, render_format="grid", temperature=0.8)
+  base.update(kw)
+  return rollout.RolloutConfig(**base)
+
+
+def segments(mask_row):
+  """(start, end) of each run of ones."""
+  padded = np.concatenate([[0], mask_row, [0]])
+  edges = np.flatnonzero(np.diff(padded))
+  return list(zip(edges[::2], edges[1::2]))
+
+
+def test_logprobs_equal_a_full_forward_over_the_final_sequences(model):
+  engine = rollout.Rollout(envs.make("sokoban"), TOK, small_config())
+  result = engine.run(model, jax.random.key(1), seed=123)
+  batch = result.batch
+  tokens, mask = np.asarray(batch.tokens_BxT), np.asarray(batch.attention_mask_BxT)
+  loss, lp = np.asarray(batch.loss_mask_BxT), np.asarray(batch.logprobs_BxT)
+  logits = np.asarray(model(tokens, mask), np.float64) / 0.8
+  logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+  ref = np.take_along_axis(logits[:, :-1], tokens[:, 1:, None], axis=-1)[..., 0] - logz[:, :-1]
+  trained = loss[:, 1:] > 0
+  assert trained.sum() == result.metrics["response_length"].sum() > 0
+  assert np.max(np.abs(lp[:, 1:][trained] - ref[trained])) <= 1e-4
+  assert np.all(lp[loss == 0] == 0) and np.all(loss <= mask)
+  # One trained segment per played turn; each decodes to that turn's assistant message.
+  for i, ep in enumerate(result.episodes):
+    segs = segments(loss[i])
+    assert len(segs) == ep["turns"] == result.metrics["num_turns"][i]
+    replies = [m["content"] for m in ep["messages"] if m["role"] == "assistant"]
+    for (a, b), reply in zip(segs, replies):
+      assert reply == "<think>" + TOK.decode(tokens[i, a:b])
+  # The multi-turn cache appends instead of re-encoding the history.
+  s = result.summary
+  assert s["prefill_tokens_append"] < s["prefill_tokens_reencode"]
+
+
+def test_groups_share_a_start_and_rewards_sit_on_the_last_trained_token(model):
+  engine = rollout.Rollout(envs.make("sokoban"), TOK, small_config(max_turns=2))
+  result = engine.run(model, jax.random.key(2), seed=7)
+  b = result.batch
+  np.testing.assert_array_equal(np.asarray(b.group_ids_B), [0, 0, 1, 1])
+  firsts = [ep["messages"][1]["content"] for ep in result.episodes]
+  assert firsts[0] == firsts[1] and firsts[2] == firsts[3] and firsts[0] != firsts[2]
+  rewards, loss = np.asarray(b.token_rewards_BxT), np.asarray(b.loss_mask_BxT)
+  for i in range(4):
+    last = np.flatnonzero(loss[i])[-1]
+    assert np.flatnonzero(rewards[i]).tolist() in ([last], [])
+    np.testing.assert_allclose(rewards[i].sum(), float(b.scores_B[i]), atol=1e-6)
+  # A random model writes junk: every turn is penalised, none crashes.
+  np.testing.assert_allclose(result.metrics["format_penalty"], -0.1 * result.metrics["num_turns"],
+                             atol=1e-6)
+
+
+def test_context_limit_stops_before_a_turn_and_is_counted(model):
+  probe = rollout.Rollout(envs.make("sokoban"), TOK, small_config(max_turns=1))
+  first = probe.run(model, jax.random.key(3), seed=5)
+  prompt_len = int(np.asarray(first.batch.attention_mask_BxT).sum(1).max()
+                   - first.metrics["response_length"].min())
+  # Room for the first turn only.
+  limit = prompt_len + 40
+  turn_cap = 1536 - (-(-limit // 256) * 256)  # keeps the 1536-slot cache of the other tests
+  engine = rollout.Rollout(envs.make("sokoban"), TOK,
+                           small_config(max_context=limit, max_turn_tokens=turn_cap))
+  assert engine.capacity == probe.capacity
+  result = engine.run(model, jax.random.key(3), seed=5)
+  assert np.all(result.metrics["context_truncated"] == 1)
+  assert np.all(result.metrics["num_turns"] == 1)
+  loss = np.asarray(result.batch.loss_mask_BxT)
+  mask = np.asarray(result.batch.attention_mask_BxT)
+  assert np.all(loss[:, -1] == 1)  # the sequence ends with the (whole) first reply
+  assert np.all(mask.sum(1) <= limit)
+
+
+def test_new_turns_and_batches_do_not_recompile(model):
+  engine = rollout.Rollout(envs.make("sokoban"), TOK, small_config())
+  engine.run(model, jax.random.key(4), seed=11)
+  before = (sampling._decode_jit._cache_size(), sampling.compact._cache_size())
+  engine.run(model, jax.random.key(5), seed=11)
+  assert (sampling._decode_jit._cache_size(), sampling.compact._cache_size()) == before
+
+
+class Script:
+  """Stands in for `sampling.extend`: row i's k-th call returns replies[i][k] (token ids)."""
+
+  def __init__(self, replies):
+    self.replies, self.calls = replies, 0
+
+  def __call__(self, graphdef, params, cache, ids_BxC, mask_BxC, active_B, key, **opts):
+    n = opts["max_new_tokens"]
+    tokens = np.full((len(self.replies), n), opts["pad_id"], np.int32)
+    lengths = np.zeros(len(self.replies), np.int32)
+    for i, active in enumerate(np.asarray(active_B)):
+      if active:
+        ids = TOK.encode(self.replies[i][self.calls])[:n]
+        tokens[i, :len(ids)], lengths[i] = ids, len(ids)
+    self.calls += 1
+    logprobs = np.where(tokens != opts["pad_id"], -0.5, 0.0).astype(np.float32)
+    return sampling.SampleOutput(tokens, logprobs, lengths), cache
+
+
+def scripted_run(monkeypatch, model, env, replies, config, seed):
+  monkeypatch.setattr(sampling, "extend", Script(replies))
+  return rollout.Rollout(env, TOK, config).run(model, jax.random.key(0), seed=seed)
+
+
+def test_scripted_sokoban_solution_and_junk(monkeypatch, model):
+  # Batch shapes match the other tests (B = 4): a Sokoban reset compiles in ~15 s per shape.
+  env = envs.make("sokoban")
+  reset, _ = engine_module._env_functions(env)
+  starts = jax.device_get(reset(jax.vmap(jax.random.key)(jnp.arange(100, 104))))
+  plans = [sokoban.solve(jax.tree.map(lambda x: x[i], starts), 10) for i in range(4)]
+  i = next(i for i, p in enumerate(plans) if p and 3 <= len(p) <= 6)
+  seed, plan = 100 + i, [env.action_names[a] for a in plans[i]]
+  solve = [f"go</think><answer>{' || '.join(plan[k:k + 2])}</answer>"
+           for k in range(0, len(plan), 2)] + ["x"] * 5
+  junk = ["\x00\ufffd<answer>", "</think><answer>Up || fly</answer>", "<think></think>",
+          "</think><answer>UP||down||left</answer>", ""]
+  config = small_config(max_turns=5, max_new_tokens=32)
+  result = scripted_run(monkeypatch, model, env, [solve, junk, ["x"] * 5, ["x"] * 5], config,
+                        seed)
+  m = result.metrics
+  turns = -(-len(plan) // 2)
+  assert m["success"][:2].tolist() == [1.0, 0.0]
+  assert m["num_turns"][:2].tolist() == [turns, 5]
+  assert m["num_actions"][0] == len(plan)
+  np.testing.assert_allclose(m["return"][0], 11 - 0.1 * len(plan), atol=1e-5)
+  assert m["format_penalty"][0] == 0 and m["action_is_valid"][0] == 1
+  # Junk: turns 1-3 penalised (no tags; unknown word; empty), turn 4 executes Up, Down (the
+  # third word is dropped), and the empty fifth reply is penalised again.
+  np.testing.assert_allclose(m["format_penalty"][1], -0.4, atol=1e-6)
+  assert m["num_actions"][1] == 3 and m["action_is_valid"][1] == pytest.approx(0.2)
+  assert result.summary["pass@2"] == 0.5  # group 0 solved, group 1 (all junk) not
+  # The "Reward:" message after turn 1 of the junk episode shows the penalty (no valid action).
+  users = [msg["content"] for msg in result.episodes[1]["messages"] if msg["role"] == "user"]
+  assert users[1].startswith("Reward:\n-0.1\n\nTurn 2:\n")
+  assert "You have 9 actions left" in users[3] and "You have 7 actions left" in users[4]
+  # Trained tokens are exactly the scripted ids, and the turn end was appended (untrained).
+  tokens, loss = np.asarray(result.batch.tokens_BxT), np.asarray(result.batch.loss_mask_BxT)
+  for (a, b), reply in zip(segments(loss[0]), solve):
+    assert tokens[0, a:b].tolist() == TOK.encode(reply)
+    if b < tokens.shape[1]:
+      assert tokens[0, b] == TOK.eos_id
+  np.testing.assert_allclose(np.asarray(result.batch.logprobs_BxT)[loss > 0], -0.5)
+
+
+def test_scripted_budget_and_turn_scores(monkeypatch, model):
+  # Budget 3 actions: turn 1 plays 2, turn 2 only 1 of 2, and the episode ends (truncated).
+  env = envs.make("frozenlake", success_rate=1.0)
+  reply = "</think><answer>Left || Left</answer>"
+  config = small_config(max_turns=5, max_actions_per_traj=3, use_turn_scores=True)
+  result = scripted_run(monkeypatch, model, env, [[reply] * 5] * 4, config, seed=3)
+  m = result.metrics
+  reset, _ = engine_module._env_functions(env)
+  state = jax.tree.map(lambda x: x[0], reset(jax.vmap(jax.random.key)(jnp.array([3, 3, 4, 4]))))
+  moves, turns = 0, 1
+  for move in range(3):  # deterministic ice: replay Left until done or the budget is spent
+    if bool(state.done):
+      break
+    turns = 1 if move < 2 else 2
+    state, _, _, _ = env.step(jax.random.key(0), state, 0)
+    moves += 1
+  assert m["num_actions"][0] == moves and m["num_turns"][0] == turns
+  rewards, loss = np.asarray(result.batch.token_rewards_BxT), np.asarray(result.batch.loss_mask_BxT)
+  ends = [b - 1 for _, b in segments(loss[0])]
+  assert set(np.flatnonzero(rewards[0])) <= set(ends)
+  np.testing.assert_allclose(rewards[0].sum(), float(result.batch.scores_B[0]), atol=1e-6)
+
+
+def test_scripted_bandit_uses_the_arm_names(monkeypatch, model):
+  env = envs.make("bandit")
+  config = small_config(max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1)
+  reset, _ = engine_module._env_functions(env)
+  names = env.action_names_for(jax.tree.map(lambda x: x[0], jax.device_get(
+      reset(jax.vmap(jax.random.key)(jnp.array([9, 9, 10, 10]))))))
+  hi = [n for n in names if n in {p[1] for p in env.pairs}][0]
+  replies = [[f"</think><answer>{hi.lower()}</answer>"], ["</think><answer>Teacher?</answer>"],
+             ["junk"], ["junk"]]
+  result = scripted_run(monkeypatch, model, env, replies, config, seed=9)
+  assert result.metrics["success"][:2].tolist() == [1.0, 0.0]
+  assert result.metrics["format_penalty"][:2].tolist() == [0.0, pytest.approx(-0.1)]
+  assert result.metrics["num_turns"].tolist() == [1, 1, 1, 1]
+  assert f"Your available actions are:\n{names[0]}, {names[1]}" in (
+      result.episodes[0]["messages"][0]["content"])
