@@ -20,7 +20,7 @@ def play(env, batch: int, steps: int, seed: int = 0):
   """Random play in `batch` episodes for `steps` steps; returns (first state, totals, timings)."""
   key_reset, key_play = jax.random.split(jax.random.PRNGKey(seed))
   keys = jax.random.split(key_reset, batch)
-  reset = jax.jit(env.reset_batch) if hasattr(env, "reset_batch") else jax.jit(jax.vmap(env.reset))
+  reset = jax.jit(env.reset_batch)
   step = jax.jit(jax.vmap(env.step))
   jax.block_until_ready(reset(keys))  # Compile outside the timings.
   start = time.perf_counter()

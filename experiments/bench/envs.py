@@ -42,7 +42,7 @@ def _best_rate(fn, work, repeats=3, min_seconds=0.5):
 
 def ours(env, batch, scan_steps=100):
   keys = jax.random.split(jax.random.PRNGKey(0), batch)
-  reset = jax.jit(env.reset_batch) if hasattr(env, "reset_batch") else jax.jit(jax.vmap(env.reset))
+  reset = jax.jit(env.reset_batch)
   gen_rate = _best_rate(lambda: jax.block_until_ready(reset(keys)), batch)
   states = reset(keys)
   actions = jax.random.randint(jax.random.PRNGKey(1), (scan_steps, batch), 0, env.num_actions)

@@ -156,8 +156,7 @@ def _step_batch(env, states, actions_BxA, key):
 @functools.lru_cache(maxsize=None)
 def _env_functions(env):
   """Jitted (reset over keys, step over the batch), shared by every Rollout of `env`."""
-  reset_batch = getattr(env, "reset_batch", None) or jax.vmap(env.reset)
-  return jax.jit(reset_batch), jax.jit(functools.partial(_step_batch, env))
+  return jax.jit(env.reset_batch), jax.jit(functools.partial(_step_batch, env))
 
 
 class Rollout:
