@@ -18,7 +18,6 @@ import random
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax import envs

@@ -25,7 +25,6 @@ import statistics
 import tempfile
 import time
 
-from flax import nnx
 import jax
 import numpy as np
 import torch

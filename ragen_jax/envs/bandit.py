@@ -12,7 +12,6 @@ from typing import Tuple
 from flax import struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from ragen_jax.envs import base
 
