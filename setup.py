@@ -31,6 +31,8 @@ DEV = [
     # without CUDA packages here; newer versions pull several GB of them.
     "torch==2.13.0",
     "transformers==5.23.0",
+    # Learning-curve figures of experiments/ (and BENCHMARKS.md).
+    "matplotlib==3.11.2",
 ]
 
 setuptools.setup(
@@ -38,7 +40,7 @@ setuptools.setup(
     version="0.1.0",
     description="Multi-turn RL for LLM agents (RAGEN's StarPO) in JAX/Flax.",
     packages=setuptools.find_packages(include=["ragen_jax", "ragen_jax.*"]),
-    package_data={"ragen_jax": ["assets/*"]},
+    package_data={"ragen_jax": ["assets/*", "assets/*/*"]},
     python_requires=">=3.11",
     install_requires=RUNTIME,
     extras_require={"dev": DEV},

@@ -1,38 +1,28 @@
-r"""Bandit (RAGEN's _1_bandit.yaml): one turn, one pull of two named arms.
+"""Bandit (two named arms, one pull; RAGEN's `_1_bandit`) with PPO (GAE + a separate critic).
 
-Evaluate (no trainer needed; no --checkpoint = random tiny model):
-  python -m ragen_jax.evaluate --config=configs/bandit_ppo.py --checkpoint=DIR
-  python -m ragen_jax.evaluate --config=configs/bandit_ppo.py:debug   # seconds on a CPU
-Override any knob: --config.rollout.val_env_groups=8.
+  python launch.py --config=configs/bandit_ppo.py[:smoke|:qwen2.5-0.5b]
 
-Sections: env (what is played), model (policy preset and tokenizer), rollout (the agent loop
-and sampling), seed; the last three come from ragen_jax.config_sections.
+Tiny model warm-started on demonstrations that pick the high-risk arm 75% of the time (25%
+random); RL should push the high-risk share (`val/success`) above 90%. Values marked "CPU:"
+differ from RAGEN's for a 1M-parameter model on 2 cores.
 """
+from ragen_jax import config_sections as cs
 import ml_collections
-
-from ragen_jax import config_sections
 
 
 def get_config(arg=None):
-  """Returns the config; arg "debug" shrinks every size for a quick local run."""
   config = ml_collections.ConfigDict()
-
-  config.env = ml_collections.ConfigDict()
-  config.env.name = "bandit"                  # ragen_jax.envs registry name
-  config.env.options = ml_collections.ConfigDict(dict(
-      split="train",                          # arm-name pairs: train (Bandit) | test (BanditTest)
-      lo_arm_score=0.1,                       # the low-risk arm always pays this
-      hi_arm_hiscore=1.0,                     # the high-risk arm pays this ...
-      hi_arm_hiscore_prob=0.25,               # ... with this probability
-      hi_arm_loscore=0.0,                     # ... else this
-  ))
-  config.env.render_format = "grid"           # text observation (no grid to render)
-  config.env.max_actions_per_traj = 1         # one pull per episode
-  config.env.max_tokens_hint = 100            # "Max response length: N words" in the prompt
-
-  config.model = config_sections.model_section()
-  config.rollout = config_sections.rollout_section(
-      max_turns=1, max_actions_per_turn=1, max_new_tokens=500,
-      val_env_groups=256, val_group_size=1)
-  config.seed = config_sections.seed_section()
-  return config_sections.apply_variant(config, arg)
+  config.envs = ml_collections.ConfigDict()
+  config.envs.bandit = cs.bandit_env(train_groups=4, val_groups=64)  # CPU: RAGEN 8 / 256+256
+  config.model = cs.model_section()
+  config.rollout = cs.rollout_section(max_turns=1, max_actions_per_turn=1, max_new_tokens=32)
+  config.rollout.group_size = 8          # CPU: RAGEN 16
+  config.rollout.max_context = 512       # CPU: one short turn
+  config.rollout.max_turn_tokens = 256
+  config.ppo = cs.ppo_section(adv_estimator="gae", actor_lr=1e-4, critic_lr=1e-4,  # CPU: RAGEN 1e-6 / 1e-5
+                              num_minibatches=2)
+  config.sft = cs.sft_section()          # steps=0: the shipped warm start is the SFT
+  config.trainer = cs.trainer_section(total_steps=30, eval_every=5, save_every=10,
+                                      pad_multiple=512)
+  config.seed = cs.seed_section()
+  return cs.apply_variant(config, arg)

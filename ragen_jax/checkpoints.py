@@ -34,8 +34,13 @@ def _flat(tree) -> Dict[str, Any]:
 def _to_savable(state):
   """State dict of plain arrays: typed PRNG keys become their raw uint32 data."""
   tree = flax.serialization.to_state_dict(state)
+
+  def key_data(x):  # abstract states (jax.eval_shape) hold ShapeDtypeStructs
+    if isinstance(x, jax.ShapeDtypeStruct):
+      return jax.eval_shape(jax.random.key_data, x)
+    return jax.random.key_data(x)
   return jax.tree.map(
-      lambda x: jax.random.key_data(x)
+      lambda x: key_data(x)
       if jnp.issubdtype(getattr(x, "dtype", np.float32), jax.dtypes.prng_key) else x, tree)
 
 
@@ -53,8 +58,11 @@ class Checkpointer:
     if keep < 1:
       raise ValueError(f"keep must be at least 1, got {keep}.")
     self.directory = os.path.abspath(os.fspath(directory))
+    # Handlers named up front, so a new process can read metadata of steps it did not write.
     self._manager = ocp.CheckpointManager(
-        self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+        self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
+        item_handlers={"state": ocp.StandardCheckpointHandler(),
+                       "meta": ocp.JsonCheckpointHandler()})
 
   def latest_step(self) -> Optional[int]:
     return self._manager.latest_step()
@@ -101,6 +109,15 @@ class Checkpointer:
         if jnp.issubdtype(getattr(ref, "dtype", np.float32), jax.dtypes.prng_key) else x,
         flax.serialization.to_state_dict(like), state)
     return flax.serialization.from_state_dict(like, state), dict(restored["meta"] or {})
+
+  def meta(self, step: Optional[int] = None) -> Dict[str, Any]:
+    """The JSON metadata saved with step `step` (default: the latest), without the state."""
+    step = self.latest_step() if step is None else int(step)
+    if step is None or step not in self._manager.all_steps():
+      raise FileNotFoundError(f"No checkpoint{'' if step is None else f' at step {step}'} in "
+                              f"{self.directory}.")
+    restored = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+    return dict(restored["meta"] or {})
 
   def _check_fits(self, step: int, target) -> None:
     saved = _flat(self._manager.item_metadata(step)["state"])

@@ -1,26 +1,90 @@
-"""Config sections every experiment in `configs/` shares: model, rollout, seed, variants.
+"""Config sections every experiment in `configs/` is built from, each knob defined and commented.
 
-Each `configs/<env>_*.py` defines its own `env` section and the few rollout values that differ
-per environment, then builds the rest here, so a default lives in one place and every knob is
-still defined (and commented) before `--config.section.key=value` overrides are applied.
+A `configs/<experiment>.py` picks its environments (the `*_env()` sections below, RAGEN's tags),
+then the algorithm knobs that make the experiment, and ends with `apply_variant(config, arg)`
+for `configs/x.py:<variant>`. `ragen_jax.train.experiment.from_config` validates the result
+into typed objects. Defaults follow RAGEN's config/base.yaml (shared/reference/ragen.md §3.4),
+except where a 1M-parameter model trained from scratch on a 2-core CPU needs otherwise (each
+such value says so).
 """
 import ml_collections
+from ml_collections import config_dict
+
+
+def env_section(name: str, *, options: dict, render_format: str, max_actions_per_traj: int,
+                max_tokens_hint: int, train_groups: int, val_groups: int,
+                val_options: dict | None = None) -> ml_collections.ConfigDict:
+  """One environment tag (RAGEN's custom_envs entry plus its es_manager group counts)."""
+  env = ml_collections.ConfigDict()
+  env.name = name                                  # ragen_jax.envs registry name
+  env.options = ml_collections.ConfigDict(options)  # keyword arguments of envs.make
+  env.val_options = ml_collections.ConfigDict(val_options or {})  # overrides for validation
+  env.render_format = render_format                # grid | coord | grid_coord
+  env.max_actions_per_traj = max_actions_per_traj  # action budget of an episode
+  env.max_tokens_hint = max_tokens_hint            # "Max response length: N words" in the prompt
+  env.train_groups = train_groups                  # env groups of this tag per training step
+  env.val_groups = val_groups                      # validation groups (seeds seed.val + g)
+  return env
+
+
+def sokoban_env(**overrides) -> ml_collections.ConfigDict:
+  """RAGEN's CoordSokoban: 6x6, one box, grid + coordinates, 10 actions."""
+  env = env_section("sokoban", options=dict(
+      dim_room=(6, 6),          # room rows, cols
+      num_boxes=1,              # boxes (= targets)
+      max_steps=100,            # env step limit (the action budget binds first)
+      search_depth=40,          # steps of each reverse walk in level generation
+  ), render_format="grid_coord", max_actions_per_traj=10, max_tokens_hint=120,
+      train_groups=8, val_groups=64)
+  env.update(overrides)
+  return env
+
+
+def frozenlake_env(**overrides) -> ml_collections.ConfigDict:
+  """RAGEN's CoordFrozenLake: random 4x4 maps, slippery moves, 10 actions."""
+  env = env_section("frozenlake", options=dict(
+      size=4,                   # board side
+      p=0.9,                    # probability that a tile is frozen
+      success_rate=0.8,         # intended-move probability (RAGEN tags 0.8; _3_frozen_lake 1.0)
+      is_slippery=True,
+      max_steps=100,
+  ), render_format="grid_coord", max_actions_per_traj=10, max_tokens_hint=100,
+      train_groups=8, val_groups=64)
+  env.update(overrides)
+  return env
+
+
+def bandit_env(**overrides) -> ml_collections.ConfigDict:
+  """RAGEN's Bandit: two named arms, one pull. Validation uses the training names: a model
+  trained from scratch knows nothing of unseen names (RAGEN validates on BanditTest)."""
+  env = env_section("bandit", options=dict(
+      split="train",            # arm-name pairs: train | test
+      lo_arm_score=0.1,         # safe arm payout
+      hi_arm_hiscore=1.0,       # risky arm payout when it pays
+      hi_arm_loscore=0.0,       # risky arm payout otherwise
+      hi_arm_hiscore_prob=0.25,  # probability that the risky arm pays
+  ), render_format="grid", max_actions_per_traj=1, max_tokens_hint=100,
+      train_groups=8, val_groups=64)
+  env.update(overrides)
+  return env
 
 
 def model_section() -> ml_collections.ConfigDict:
   model = ml_collections.ConfigDict()
-  model.preset = "tiny"                # ragen_jax.models.PRESETS name (no checkpoint)
-  model.tokenizer = "sentencepiece"    # used without a checkpoint or its tokenizer.json
+  model.preset = "tiny"                # ragen_jax.models.PRESETS name (used without checkpoint)
+  model.checkpoint = config_dict.placeholder(str)  # Hugging Face directory; replaces the preset
+  model.warm_start = True              # tiny preset: start from the shipped fine-tuned weights
+                                       # (ragen_jax/assets/tiny_warm_start, configs/warm_start_sft.py)
+  model.tokenizer = "sentencepiece"    # without a checkpoint (or one lacking tokenizer.json)
   model.dtype = "float32"              # activation / parameter dtype
   return model
 
 
-def rollout_section(*, max_turns: int, max_actions_per_turn: int, max_new_tokens: int,
-                    val_env_groups: int, val_group_size: int) -> ml_collections.ConfigDict:
-  """RAGEN's agent-loop defaults; the keyword arguments are the per-environment ones."""
+def rollout_section(*, max_turns: int, max_actions_per_turn: int,
+                    max_new_tokens: int) -> ml_collections.ConfigDict:
+  """RAGEN's agent-loop defaults; the keyword arguments are the per-experiment ones."""
   rollout = ml_collections.ConfigDict()
-  rollout.env_groups = 8               # groups per batch; a group shares a start state
-  rollout.group_size = 16              # episodes per group
+  rollout.group_size = 16              # episodes per group (sharing a start state)
   rollout.max_turns = max_turns        # agent turns per episode
   rollout.max_actions_per_turn = max_actions_per_turn  # answer words kept per turn
   rollout.action_sep = "||"            # separator between actions in <answer>
@@ -33,30 +97,147 @@ def rollout_section(*, max_turns: int, max_actions_per_turn: int, max_new_tokens
   rollout.top_p = 1.0                  # nucleus mass (1 = off)
   rollout.top_k = 0                    # top-k (0 = off)
   rollout.use_turn_scores = False      # also place each turn's reward on its last token
-  rollout.val_env_groups = val_env_groups  # validation groups (seeds seed.val + g)
-  rollout.val_group_size = val_group_size  # validation episodes per group (pass@k, k = this)
+  rollout.val_group_size = 1           # validation episodes per group (pass@k, k = this)
   rollout.val_temperature = 0.5        # RAGEN's evaluation temperature
+  rollout.val_batch_groups = 64        # validation groups played per batch (memory bound)
   return rollout
+
+
+def ppo_section(**overrides) -> ml_collections.ConfigDict:
+  """The StarPO update (ragen_jax.algos.PPOConfig, whose docstring defines each field)."""
+  ppo = ml_collections.ConfigDict()
+  ppo.adv_estimator = "gae"            # gae (critic) | grpo | drgrpo | brpo | arpo
+  ppo.gamma = 1.0                      # GAE discount
+  ppo.lam = 1.0                        # GAE lambda
+  ppo.clip_low = 0.2                   # ratio clip 1 - low
+  ppo.clip_high = 0.28                 # ratio clip 1 + high (clip-higher)
+  ppo.clip_c = 3.0                     # dual-clip constant
+  ppo.agg_mode = "token-mean"          # loss aggregation (algos.losses.AGG_MODES)
+  ppo.loss_scale_factor = config_dict.placeholder(float)  # Dr.GRPO divisor (None: length T)
+  ppo.entropy_coeff = 0.001            # entropy bonus weight
+  ppo.use_kl_loss = False              # KL-to-reference loss
+  ppo.kl_coef = 0.0                    # its weight
+  ppo.kl_type = "k1"                   # k1 | k2 | k3 | abs ... (algos.losses.KL_KINDS)
+  ppo.ppo_epochs = 1                   # passes over the batch per step
+  ppo.num_minibatches = 4              # optimizer steps per epoch (RAGEN: 128 / 32)
+  ppo.micro_batches = 1                # gradient-accumulation chunks per minibatch
+  ppo.shuffle = True                   # reshuffle minibatches every epoch
+  ppo.actor_lr = 1e-6                  # AdamW learning rates (RAGEN's, for 0.5B-7B models)
+  ppo.critic_lr = 1e-5
+  ppo.weight_decay = 0.01              # AdamW decoupled weight decay
+  ppo.grad_clip = 1.0                  # global-norm clip
+  ppo.value_clip = 0.5                 # critic value clip
+  ppo.critic = "separate"              # separate (RAGEN) | shared (value head on the actor)
+  ppo.vf_coef = 1.0                    # value-loss weight of the shared critic
+  ppo.recompute_old_logprobs = True    # old log-probs from the actor (veRL) vs the sampler
+  ppo.filter_strategy = "top_p"        # StarPO-S rollout filter (algos.filtering.STRATEGIES)
+  ppo.filter_value = 1.0               # 1.0 with top_p keeps everything (RAGEN default)
+  ppo.filter_metric = "reward_variance"  # reward_variance | reward | reward_sum
+  ppo.filter_type = "largest"          # keep the largest | smallest groups
+  ppo.filter_include_zero = True       # groups of zero variance may be kept
+  ppo.filter_prob_mode = "linear"      # linear | softmax (top_p mass)
+  ppo.filter_eps = 0.01                # SNR-adaptive threshold epsilon
+  ppo.vocab_chunk = 8192               # vocabulary chunk of the log-prob pass
+  ppo.update(overrides)
+  return ppo
+
+
+def sft_section(**overrides) -> ml_collections.ConfigDict:
+  """Warm start by supervised fine-tuning on expert demonstrations (ragen_jax.train.sft)."""
+  sft = ml_collections.ConfigDict()
+  sft.steps = 0                        # optimizer steps (0 = no warm start)
+  sft.batch_size = 16                  # demonstrations per step
+  sft.lr = 1e-3                        # AdamW peak learning rate (warm-up, cosine decay)
+  sft.warmup_steps = 20
+  sft.weight_decay = 0.0
+  sft.grad_clip = 1.0
+  sft.random_prob = 0.25               # share of demonstrated actions replaced by random ones
+  sft.seed = 1000000                   # first level seed of the demonstrations
+  sft.pad_multiple = 128               # sequence padding multiple (fewer compiled shapes)
+  sft.update(overrides)
+  return sft
+
+
+def trainer_section(**overrides) -> ml_collections.ConfigDict:
+  trainer = ml_collections.ConfigDict()
+  trainer.total_steps = 200            # training steps (RAGEN total_training_steps)
+  trainer.eval_every = 10              # validation every N steps, and at step 0 (RAGEN test_freq)
+  trainer.save_every = 10              # checkpoint every N steps (and at the end)
+  trainer.keep_checkpoints = 3         # newest checkpoints kept
+  trainer.sample_trajectories = 3      # validation trajectories logged as text per evaluation
+  trainer.pad_multiple = 256           # training sequences padded to a multiple of this, so
+                                       # the train step compiles once per length bucket
+  trainer.update(overrides)
+  return trainer
 
 
 def seed_section() -> ml_collections.ConfigDict:
   seed = ml_collections.ConfigDict()
-  seed.train = 10000                   # first training level seed
+  seed.train = 10000                   # first training level seed (advances by groups per step)
   seed.val = 123                       # first validation level seed
-  seed.init = 0                        # model init and sampling key
+  seed.init = 0                        # model init, sampling and shuffling keys
   return seed
 
 
+VARIANTS = ("smoke", "debug", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b")
+
+
 def apply_variant(config: ml_collections.ConfigDict, arg) -> ml_collections.ConfigDict:
-  """Applies `configs/x.py:<arg>`; "debug" shrinks every size for a quick local run."""
-  if arg == "debug":
-    config.rollout.env_groups = 2
+  """Applies `configs/x.py:<arg>` (VARIANTS).
+
+  smoke: seconds-scale sizes for tests and CI (the whole run well under 2 minutes on 2 cores).
+  debug: like smoke, for quick manual runs of evaluation.
+  qwen2.5-*: a real checkpoint (`--config.model.checkpoint=DIR`, required) with its own
+    tokenizer, no warm start, RAGEN's learning rates and lengths.
+  """
+  if arg in ("smoke", "debug"):
+    for env in config.envs.values():
+      env.train_groups = 2
+      env.val_groups = 4
     config.rollout.group_size = 2
-    config.rollout.max_new_tokens = 16
-    config.rollout.max_context = 1024
-    config.rollout.max_turns = min(config.rollout.max_turns, 3)
-    config.rollout.val_env_groups = 4
-    config.rollout.val_group_size = 2
+    config.rollout.max_new_tokens = 24
+    config.rollout.max_context = 768
+    config.rollout.max_turn_tokens = 256
+    config.rollout.max_turns = min(config.rollout.max_turns, 2)
+    config.ppo.num_minibatches = 2
+    config.ppo.micro_batches = 1
+    config.sft.steps = min(config.sft.steps, 2)
+    config.sft.batch_size = 4
+    config.trainer.total_steps = min(config.trainer.total_steps, 4)
+    config.trainer.eval_every = 2
+    config.trainer.save_every = 2
+    config.trainer.sample_trajectories = 1
+    config.trainer.pad_multiple = 768    # one compiled train-step shape
+  elif arg and arg.startswith("qwen2.5-") and arg in VARIANTS:
+    config.model.preset = arg
+    config.model.tokenizer = "qwen2.5"
+    config.model.dtype = "bfloat16"
+    config.sft.steps = 0
+    config.ppo.actor_lr = 1e-6
+    config.ppo.critic_lr = 1e-5
+    config.rollout.max_new_tokens = 400
+    config.rollout.max_context = 3600
+    config.rollout.group_size = 16
+    config.trainer.pad_multiple = 512
   elif arg:
-    raise ValueError(f"unknown config arg {arg!r}; valid: debug")
+    raise ValueError(f"unknown config variant {arg!r}; valid: {', '.join(VARIANTS)}")
   return config
+
+
+def check_overrides(config: ml_collections.ConfigDict, argv) -> None:
+  """Raises ValueError for a `--config.a.b=...` flag naming no key, listing the valid keys.
+
+  Run before absl parses the flags, whose own error for a typo is a traceback.
+  """
+  for arg in argv:
+    if not arg.startswith("--config."):
+      continue
+    path = arg[len("--config."):].split("=", 1)[0].split(".")
+    node, seen = config, []
+    for part in path:
+      if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+        where = ".".join(seen) or "the config"
+        valid = sorted(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
+        raise ValueError(f"unknown config key {'.'.join(path)!r}: {where} has no {part!r}; "
+                         f"valid keys there: {', '.join(valid) or '(none: a value)'}")
+      node, seen = node[part], seen + [part]

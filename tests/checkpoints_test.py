@@ -45,8 +45,16 @@ def test_round_trip_keeps_last_k_and_metadata(tmp_path, train_state):
   assert int(older["train"].step) == 2
   with pytest.raises(FileNotFoundError, match="step 1"):
     ckpt.restore(like, step=1)
-  # A new Checkpointer on the same directory resumes from what is on disk.
-  assert checkpoints.Checkpointer(tmp_path / "ckpt").latest_step() == 3
+  # A new Checkpointer on the same directory (as in a new process) restores what is on disk,
+  # into an abstract state (jax.eval_shape) too, and reads the metadata alone.
+  fresh = checkpoints.Checkpointer(tmp_path / "ckpt")
+  assert fresh.latest_step() == 3 and fresh.meta() == {"seed_counter": 3}
+  abstract = jax.eval_shape(lambda: like)
+  again, _ = fresh.restore(abstract)
+  _assert_same(again["train"].actor_params, restored["train"].actor_params)
+  np.testing.assert_array_equal(jax.random.key_data(again["rng"]),
+                                jax.random.key_data(jax.random.key(3)))
+  fresh.close()
 
 
 def test_refuses_non_finite_state(tmp_path, train_state):

@@ -7,7 +7,6 @@
 Dimension legend: B episodes, T sequence tokens (see ragen_jax.batch).
 """
 from ragen_jax.rollout import prompts
-from ragen_jax.rollout.engine import config_from
 from ragen_jax.rollout.engine import Episode
 from ragen_jax.rollout.engine import Rollout
 from ragen_jax.rollout.engine import RolloutConfig

@@ -34,7 +34,7 @@ C appended chunk length (bucketed), N max new tokens per turn, S cache capacity,
 import dataclasses
 import functools
 import time
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 from flax import nnx
 import jax
@@ -77,27 +77,6 @@ class RolloutConfig:
         raise ValueError(f"rollout {name} must be positive, got {getattr(self, name)}")
     if self.max_context <= self.max_new_tokens:
       raise ValueError("rollout max_context must exceed max_new_tokens")
-
-
-def config_from(config, validation: bool = False) -> RolloutConfig:
-  """RolloutConfig from an experiment config's `env` and `rollout` sections.
-
-  With validation, the `val_*` group count, group size and temperature replace the training
-  ones (one rollout batch then holds at most `rollout.env_groups` validation groups).
-  """
-  r, e = config.rollout, config.env
-  groups, size, temperature = r.env_groups, r.group_size, r.temperature
-  if validation:
-    groups, size = min(r.env_groups, r.val_env_groups), r.val_group_size
-    temperature = r.val_temperature
-  return RolloutConfig(
-      env_groups=groups, group_size=size, max_turns=r.max_turns,
-      max_actions_per_turn=r.max_actions_per_turn, max_actions_per_traj=e.max_actions_per_traj,
-      action_sep=r.action_sep, format_penalty=r.format_penalty, enable_think=r.enable_think,
-      max_new_tokens=r.max_new_tokens, max_context=r.max_context,
-      max_turn_tokens=r.max_turn_tokens, temperature=temperature, top_p=r.top_p, top_k=r.top_k,
-      render_format=e.render_format, max_tokens_hint=e.max_tokens_hint,
-      use_turn_scores=r.use_turn_scores)
 
 
 @dataclasses.dataclass
@@ -200,11 +179,59 @@ class Rollout:
   # ------------------------------------------------------------------ the loop
 
   def run(self, model: models.Qwen2, key: jax.Array, seed: int) -> RolloutResult:
-    """Plays one batch; group g starts from the level of seed `seed + g`."""
+    """Plays one batch with `model`; group g starts from the level of seed `seed + g`."""
+    c, b = self.config, self.batch_size
+    graphdef, params = nnx.split(model)
+    cache = models.init_cache(model.config, b, self.capacity)
+
+    def respond(turn, ids_BxC, mask_BxC, active_B, host, eps, key):
+      del host, eps
+      nonlocal cache
+      if turn > 1:
+        cache = sampling.compact(cache, jnp.asarray(active_B))
+      # The context check guarantees the fit; extend() raises loudly otherwise.
+      window = sampling.window_for(int(cache.end_index) + ids_BxC.shape[1] + c.max_new_tokens,
+                                   self.capacity)
+      out, cache = sampling.extend(graphdef, params, cache, ids_BxC, mask_BxC,
+                                   jnp.asarray(active_B), key, window=window, **self.options)
+      return jax.device_get(out)
+
+    return self._play(respond, key, seed)
+
+  def run_scripted(self, policy: Callable[[Any, Episode], str], key: jax.Array,
+                   seed: int) -> RolloutResult:
+    """Plays one batch with a host-side `policy(state, episode) -> reply text`.
+
+    The reply is the text after the generation prefix (e.g. "...</think><answer>Up</answer>");
+    it is tokenised and recorded exactly as sampled tokens would be (log-probs 0), so the
+    batch is a supervised demonstration in the rollout's own format (see ragen_jax.train.sft).
+    `state` is the episode's unbatched host state.
+    """
+    c, tok = self.config, self.tok
+
+    def respond(turn, ids_BxC, mask_BxC, active_B, host, eps, key):
+      del turn, ids_BxC, mask_BxC, key
+      replies = {i: tok.encode(policy(jax.tree.map(lambda x: x[i], host), eps[i]))
+                 for i in np.flatnonzero(active_B)}
+      width = max(max((len(r) for r in replies.values()), default=1), 1)
+      if width > c.max_new_tokens:
+        raise ValueError(f"a scripted reply has {width} tokens, more than max_new_tokens="
+                         f"{c.max_new_tokens}")
+      tokens_BxN = np.full((len(active_B), width), tok.pad_id, np.int32)
+      lengths_B = np.zeros((len(active_B),), np.int32)
+      for i, reply in replies.items():
+        tokens_BxN[i, :len(reply)] = reply
+        lengths_B[i] = len(reply)
+      return tokens_BxN, np.zeros(tokens_BxN.shape, np.float32), lengths_B
+
+    return self._play(respond, key, seed)
+
+  def _play(self, respond, key: jax.Array, seed: int) -> RolloutResult:
+    """The agent loop; `respond(turn, ids_BxC, mask_BxC, active_B, host_states, episodes, key)`
+    returns the replies as numpy (tokens_BxN, logprobs_BxN, lengths_B)."""
     c, tok, b = self.config, self.tok, self.batch_size
     t_start = time.perf_counter()
     timing = {"decode_s": 0.0, "env_s": 0.0}
-    graphdef, params = nnx.split(model)
 
     tic = time.perf_counter()
     group_keys = jax.vmap(jax.random.key)(seed + jnp.arange(c.env_groups))
@@ -230,8 +257,6 @@ class Rollout:
         raise ValueError(f"the first prompt ({len(chunks[-1])} tokens) plus max_new_tokens "
                          f"exceeds max_context={c.max_context}")
       eps.append(ep)
-
-    cache = models.init_cache(model.config, b, self.capacity)
     stats = dict(prefill_tokens_append=0, prefill_tokens_reencode=0, prefill_slots=0,
                  decode_steps=0, generated_tokens=0)
     pending = [""] * b  # the reward text that opens the next user message
@@ -264,15 +289,9 @@ class Rollout:
       stats["prefill_slots"] += b * width
 
       tic = time.perf_counter()
-      if turn > 1:
-        cache = sampling.compact(cache, jnp.asarray(active_B))
-      # The context check guarantees the fit; extend() raises loudly otherwise.
-      window = sampling.window_for(int(cache.end_index) + width + c.max_new_tokens,
-                                   self.capacity)
       key, sub = jax.random.split(key)
-      out, cache = sampling.extend(graphdef, params, cache, ids_BxC, mask_BxC,
-                                   jnp.asarray(active_B), sub, window=window, **self.options)
-      tokens_BxN, logprobs_BxN, lengths_B = jax.device_get(out)
+      tokens_BxN, logprobs_BxN, lengths_B = respond(turn, ids_BxC, mask_BxC, active_B, host, eps,
+                                                     sub)
       timing["decode_s"] += time.perf_counter() - tic
       stats["decode_steps"] += int(lengths_B.max())
       stats["generated_tokens"] += int(lengths_B.sum())

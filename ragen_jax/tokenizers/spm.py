@@ -29,6 +29,7 @@ class SentencePieceTokenizer(base.Tokenizer):
   def __init__(self, model_file: str,
                default_system: str | None = base.QWEN_DEFAULT_SYSTEM):
     self.default_system = default_system
+    self.model_file = str(model_file)
     self._sp = sentencepiece.SentencePieceProcessor(model_file=str(model_file))
     for symbol in USER_SYMBOLS:
       if self._sp.piece_to_id(symbol) == self._sp.unk_id():

@@ -1,0 +1,26 @@
+"""FrozenLake (RAGEN's CoordFrozenLake: random 4x4 maps, slippery) with GRPO (critic-free, group-normalised).
+
+  python launch.py --config=configs/frozenlake_grpo.py[:smoke|:qwen2.5-0.5b]
+
+Tiny model warm-started on shortest-path demonstrations (25% random actions); values marked
+"CPU:" differ from RAGEN's (shared/reference/ragen.md §3.4) for a 1M-parameter model on 2 cores.
+"""
+from ragen_jax import config_sections as cs
+import ml_collections
+
+
+def get_config(arg=None):
+  config = ml_collections.ConfigDict()
+  config.envs = ml_collections.ConfigDict()
+  config.envs.frozenlake = cs.frozenlake_env(train_groups=4, val_groups=64)  # CPU: RAGEN 8 / 512
+  config.model = cs.model_section()
+  config.rollout = cs.rollout_section(max_turns=5, max_actions_per_turn=2, max_new_tokens=48)
+  config.rollout.group_size = 8          # CPU: RAGEN 16
+  config.rollout.max_context = 1024      # CPU: the tiny model's replies are short
+  config.rollout.max_turn_tokens = 256
+  config.ppo = cs.ppo_section(adv_estimator="grpo", actor_lr=1e-4,  # CPU: RAGEN 1e-6
+                              num_minibatches=2)
+  config.sft = cs.sft_section()          # steps=0: the shipped warm start is the SFT
+  config.trainer = cs.trainer_section(total_steps=40, eval_every=10, save_every=10)
+  config.seed = cs.seed_section()
+  return cs.apply_variant(config, arg)

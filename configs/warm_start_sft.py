@@ -1,0 +1,32 @@
+"""The shipped warm start: supervised fine-tuning of the tiny model on expert demonstrations of
+all three environments (Sokoban breadth-first solver, FrozenLake shortest paths, the Bandit's
+high-risk arm), 25% of the demonstrated actions replaced by random ones.
+
+  python launch.py --config=configs/warm_start_sft.py --workdir=runs/warm_start
+  python -m ragen_jax.export --checkpoint=runs/warm_start --out=ragen_jax/assets/tiny_warm_start
+
+This is how `ragen_jax/assets/tiny_warm_start` (the starting point of every tiny RL config) was
+made; BENCHMARKS.md records the run. Step 0's validation is the fine-tuned policy's success.
+"""
+from ragen_jax import config_sections as cs
+import ml_collections
+
+
+def get_config(arg=None):
+  config = ml_collections.ConfigDict()
+  config.envs = ml_collections.ConfigDict()
+  # SFT plays train_groups x group_size levels per demonstration batch, one episode each.
+  config.envs.sokoban = cs.sokoban_env(train_groups=4, val_groups=64)
+  config.envs.frozenlake = cs.frozenlake_env(train_groups=4, val_groups=64)
+  config.envs.bandit = cs.bandit_env(train_groups=4, val_groups=64)
+  config.model = cs.model_section()
+  config.model.warm_start = False        # from scratch: this run makes the warm start
+  config.rollout = cs.rollout_section(max_turns=5, max_actions_per_turn=2, max_new_tokens=48)
+  config.rollout.group_size = 8
+  config.rollout.max_context = 1024
+  config.rollout.max_turn_tokens = 256
+  config.ppo = cs.ppo_section(adv_estimator="grpo", num_minibatches=2)  # unused: no RL steps
+  config.sft = cs.sft_section(steps=450, batch_size=16, lr=2e-3, warmup_steps=30)
+  config.trainer = cs.trainer_section(total_steps=0)
+  config.seed = cs.seed_section()
+  return cs.apply_variant(config, arg)

@@ -1,0 +1,44 @@
+r"""Trains an agent: python launch.py --config=configs/sokoban_ppo.py [--workdir=DIR]
+
+Overrides: --config.section.key=value (e.g. --config.trainer.total_steps=100); a key that does
+not exist fails at once with the valid keys named. Variants: configs/sokoban_ppo.py:smoke,
+configs/sokoban_ppo.py:qwen2.5-0.5b --config.model.checkpoint=/path/to/Qwen2.5-0.5B-Instruct.
+Running the same command again resumes from the workdir's latest checkpoint.
+"""
+import os
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+from ragen_jax.train import launch_utils
+from ragen_jax.train import trainer
+
+_DEFAULT_CONFIG = "configs/sokoban_ppo.py"
+_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Experiment config file.",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None,
+                               "Run directory (default: runs/<config name>[_<variant>]).")
+
+
+def _default_workdir(argv) -> str:
+  spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), _DEFAULT_CONFIG)
+  path, _, variant = spec.partition(":")
+  name = os.path.splitext(os.path.basename(path))[0]
+  return os.path.join("runs", name + (f"_{variant}" if variant else ""))
+
+
+def main(argv):
+  del argv
+  config = _CONFIG.value
+  workdir = _WORKDIR.value or _default_workdir(sys.argv)
+  launch_utils.log_start(config, workdir)
+  summary = trainer.train(config, workdir)
+  logging.info("done at step %s; workdir %s", summary.get("step"), workdir)
+
+
+if __name__ == "__main__":
+  launch_utils.check_argv(sys.argv, default_config=_DEFAULT_CONFIG)
+  app.run(main)

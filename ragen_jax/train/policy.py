@@ -1,0 +1,42 @@
+"""The starting policy of a run (no downloads).
+
+In order: `model.checkpoint` (a local Hugging Face directory, with its own tokenizer.json when
+present); the tiny preset's shipped warm start (`model.warm_start`: the weights
+configs/warm_start_sft.py fine-tuned on expert demonstrations, in ragen_jax/assets); or the
+preset initialised from `seed.init`.
+"""
+import os
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+
+from ragen_jax import models
+from ragen_jax import tokenizers
+
+WARM_START_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets",
+                              "tiny_warm_start")
+
+
+def build(exp):
+  """(model, tokenizer) for `exp.model` (an experiment.ModelSpec inside `exp`)."""
+  spec = exp.model
+  dtype = jnp.dtype(spec.dtype)
+  checkpoint = spec.checkpoint
+  if checkpoint is None and spec.warm_start:
+    checkpoint = WARM_START_DIR
+  if checkpoint is None:
+    model = models.create(spec.preset, jax.random.key(exp.seed.init), dtype=dtype,
+                          param_dtype=jnp.float32)
+    tok = tokenizers.load(spec.tokenizer)
+  else:
+    model = models.load_hf(checkpoint, dtype=dtype, param_dtype=jnp.float32)
+    if os.path.exists(os.path.join(checkpoint, "tokenizer.json")):
+      tok = tokenizers.load(checkpoint)
+    else:
+      logging.info("no tokenizer.json in %s; using %s", checkpoint, spec.tokenizer)
+      tok = tokenizers.load(spec.tokenizer)
+  if tok.vocab_size > model.config.vocab_size:
+    raise ValueError(f"the tokenizer has {tok.vocab_size} ids but the model only "
+                     f"{model.config.vocab_size} embedding rows")
+  return model, tok

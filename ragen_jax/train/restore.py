@@ -1,0 +1,63 @@
+"""Opening a training run's checkpoint outside the trainer (evaluation, export).
+
+    model, tokenizer, config, step = restore.load_actor("runs/sokoban")   # latest step
+    restore.load_actor("runs/sokoban/checkpoints/40")                      # a given step
+
+The run's own config (stored in every checkpoint's metadata) rebuilds the model structure; the
+actor parameters are then restored into it, shapes checked.
+"""
+import json
+import os
+from typing import Optional, Tuple
+
+import jax
+import ml_collections
+
+from ragen_jax import algos
+from ragen_jax import checkpoints
+from ragen_jax.train import experiment as experiment_lib
+from ragen_jax.train import policy as policy_lib
+
+
+def locate(path: str) -> Tuple[str, Optional[int]]:
+  """(checkpoint directory, step or None for the latest) for a workdir, its `checkpoints/`
+  directory, or one step directory inside it."""
+  path = os.path.abspath(path)
+  if os.path.isdir(os.path.join(path, "checkpoints")):
+    return os.path.join(path, "checkpoints"), None
+  name = os.path.basename(path)
+  if name.isdigit() and os.path.isdir(path):
+    return os.path.dirname(path), int(name)
+  if os.path.isdir(path) and any(d.isdigit() for d in os.listdir(path)):
+    return path, None
+  raise FileNotFoundError(f"{path} is not a training run: expected a workdir with "
+                          "checkpoints/, a checkpoints/ directory, or checkpoints/<step>")
+
+
+def run_config(path: str) -> Tuple[ml_collections.ConfigDict, str, Optional[int]]:
+  """(the run's config, checkpoint directory, step) from the checkpoint metadata."""
+  directory, step = locate(path)
+  ckpt = checkpoints.Checkpointer(directory)
+  try:
+    meta = ckpt.meta(step)
+  finally:
+    ckpt.close()
+  if "config" not in meta:
+    raise ValueError(f"the checkpoint in {directory} has no config in its metadata")
+  return ml_collections.ConfigDict(json.loads(meta["config"])), directory, step
+
+
+def load_actor(path: str):
+  """(actor model with the trained weights, tokenizer, run config, step)."""
+  from ragen_jax.train import trainer  # pylint: disable=g-import-not-at-top
+  config, directory, step = run_config(path)
+  exp = experiment_lib.from_config(config)
+  model, tok = policy_lib.build(exp)
+  like = jax.eval_shape(lambda: trainer.RunState(
+      algos.init_train_state(model, None, exp.ppo, jax.random.key(0)), jax.random.key(0)))
+  ckpt = checkpoints.Checkpointer(directory)
+  try:
+    state, meta = ckpt.restore(like, step)
+  finally:
+    ckpt.close()
+  return algos.actor_module(model, state.train), tok, config, int(meta["step"])

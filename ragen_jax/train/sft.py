@@ -1,0 +1,161 @@
+"""Supervised fine-tuning on scripted demonstrations: the warm start of a tiny policy.
+
+    model, metrics = sft.finetune(model, engines, sft_config, log=...)  # engines: {name: Rollout}
+
+Demonstrations come from `Rollout.run_scripted` with the experts of `ragen_jax.train.demos`,
+so they hold exactly the token layout a rollout produces (system prompt, user turns, reward
+lines, replies after the generation prefix). The loss is the mean negative log-likelihood of
+the reply tokens (`loss_mask_BxT`), the prompts being context only. One jitted, donated step;
+sequences are padded to a multiple of `pad_multiple` so a run compiles a handful of shapes.
+
+Dimensions: B sequences per batch, T tokens.
+"""
+import dataclasses
+import time
+from typing import Any, Callable, Dict, Optional
+
+import flax
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from ragen_jax.algos.logprobs import sequence_logprobs
+from ragen_jax.train import demos
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+  """Fine-tuning knobs (validated here; the config file's `sft` section maps onto them)."""
+  steps: int = 200               # optimizer steps (0 = no fine-tuning)
+  batch_size: int = 16           # sequences per step
+  lr: float = 1e-3               # AdamW peak learning rate (linear warm-up, cosine decay)
+  warmup_steps: int = 20
+  weight_decay: float = 0.0
+  grad_clip: float = 1.0
+  random_prob: float = 0.25      # share of demonstration actions replaced by random ones
+  seed: int = 1000000            # first level seed of the demonstrations (apart from train/val)
+  pad_multiple: int = 128        # sequences are padded to a multiple of this
+
+  def __post_init__(self):
+    for name in ("steps", "warmup_steps"):
+      if getattr(self, name) < 0:
+        raise ValueError(f"sft.{name} must be >= 0, got {getattr(self, name)}")
+    for name in ("batch_size", "pad_multiple"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"sft.{name} must be >= 1, got {getattr(self, name)}")
+    for name in ("lr", "grad_clip"):
+      if getattr(self, name) <= 0:
+        raise ValueError(f"sft.{name} must be > 0, got {getattr(self, name)}")
+    if not 0.0 <= self.random_prob <= 1.0:
+      raise ValueError(f"sft.random_prob must lie in [0, 1], got {self.random_prob}")
+
+
+@flax.struct.dataclass
+class SFTState:
+  params: Any
+  opt: Any
+  step: jax.Array
+
+
+def _optimizer(cfg: SFTConfig):
+  schedule = optax.warmup_cosine_decay_schedule(
+      0.0, cfg.lr, max(cfg.warmup_steps, 1), max(cfg.steps, cfg.warmup_steps + 1), cfg.lr * 0.1)
+  return optax.chain(optax.clip_by_global_norm(cfg.grad_clip),
+                     optax.adamw(schedule, weight_decay=cfg.weight_decay))
+
+
+def make_sft_step(model, cfg: SFTConfig):
+  """(init(params) -> SFTState, step(state, tokens_BxT, attn_BxT, loss_BxT) -> (state, metrics))."""
+  graphdef, _, rest = nnx.split(model, nnx.Param, ...)
+  tx = _optimizer(cfg)
+
+  def nll(params, tokens, attn, loss_mask):
+    m = nnx.merge(graphdef, params, rest)
+    hidden_BxTxD, _ = m.backbone(tokens, attn)
+    logp, _ = sequence_logprobs(hidden_BxTxD, m.unembed_kernel().astype(hidden_BxTxD.dtype),
+                                tokens, with_entropy=False)
+    maskf = loss_mask.astype(jnp.float32)
+    n = jnp.maximum(jnp.sum(maskf), 1.0)
+    return -jnp.sum(logp * maskf) / n, jnp.sum(jnp.exp(logp) * maskf) / n
+
+  def step(state: SFTState, tokens, attn, loss_mask):
+    (loss, mean_p), grads = jax.value_and_grad(nll, has_aux=True)(state.params, tokens, attn,
+                                                                  loss_mask)
+    updates, opt = tx.update(grads, state.opt, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {"sft/loss": loss, "sft/token_prob": mean_p, "sft/grad_norm": optax.tree.norm(grads)}
+    return SFTState(params, opt, state.step + 1), metrics
+
+  def init(params):
+    return SFTState(params, tx.init(params), jnp.zeros((), jnp.int32))
+
+  return init, jax.jit(step, donate_argnums=(0,))
+
+
+def pad_to_multiple(x_BxT: np.ndarray, multiple: int, value) -> np.ndarray:
+  """Left-pads the time axis (sequences are left-padded already) to a multiple of `multiple`."""
+  t = x_BxT.shape[1]
+  extra = -t % multiple
+  return np.pad(x_BxT, ((0, 0), (extra, 0)), constant_values=value) if extra else x_BxT
+
+
+class DemoStream:
+  """Endless demonstration batches; batch i comes from engine i mod E (one per environment),
+  so a batch is padded only to its own environment's lengths."""
+
+  def __init__(self, engines: Dict[str, Any], cfg: SFTConfig, pad_id: int):
+    self.engines, self.cfg, self.pad_id = engines, cfg, pad_id
+    self.policies = {name: demos.expert_policy(e.env, e.config, cfg.random_prob, cfg.seed + i)
+                     for i, (name, e) in enumerate(engines.items())}
+    self.buffers = {name: [] for name in engines}
+    self.rounds = {name: 0 for name in engines}
+    self.calls, self.stats = 0, {}
+
+  def _refill(self, name: str):
+    engine, r = self.engines[name], self.rounds[name]
+    seed = self.cfg.seed + r * engine.config.env_groups
+    result = engine.run_scripted(self.policies[name], jax.random.key(seed), seed)
+    b = result.batch
+    tokens, attn, loss = (np.asarray(x) for x in (b.tokens_BxT, b.attention_mask_BxT,
+                                                   b.loss_mask_BxT))
+    rows = [(tokens[i, -n:], attn[i, -n:], loss[i, -n:])   # each row without its left padding
+            for i, n in enumerate(attn.sum(axis=1))]
+    order = np.random.default_rng(seed).permutation(len(rows))
+    self.buffers[name].extend(rows[i] for i in order)
+    self.stats[f"sft/{name}/demo_success"] = result.summary["success"]
+    self.rounds[name] = r + 1
+
+  def next(self):
+    name = list(self.engines)[self.calls % len(self.engines)]
+    self.calls += 1
+    while len(self.buffers[name]) < self.cfg.batch_size:
+      self._refill(name)
+    rows = self.buffers[name][:self.cfg.batch_size]
+    self.buffers[name] = self.buffers[name][self.cfg.batch_size:]
+    width = max(len(r[0]) for r in rows)
+    width += -width % self.cfg.pad_multiple
+    return [np.stack([np.pad(r[k], (width - len(r[k]), 0), constant_values=value)
+                      for r in rows]) for k, value in ((0, self.pad_id), (1, 0), (2, 0))]
+
+
+def finetune(model, engines: Dict[str, Any], cfg: SFTConfig,
+             log: Optional[Callable[[int, Dict[str, float]], None]] = None, log_every: int = 20):
+  """Fine-tunes a copy of `model` on expert demonstrations; returns (model, last metrics)."""
+  if cfg.steps == 0:
+    return model, {}
+  init, step = make_sft_step(model, cfg)
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  state = init(jax.tree.map(lambda a: jnp.array(a, copy=True), nnx.to_pure_dict(params)))
+  stream = DemoStream(engines, cfg, next(iter(engines.values())).tok.pad_id)
+  start, metrics = time.perf_counter(), {}
+  for i in range(cfg.steps):
+    tokens, attn, loss_mask = stream.next()
+    state, metrics = step(state, tokens, attn, loss_mask)
+    if log is not None and ((i + 1) % log_every == 0 or i + 1 == cfg.steps):
+      metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+      metrics.update(stream.stats, **{"sft/elapsed_s": time.perf_counter() - start})
+      log(i + 1, metrics)
+  return (nnx.merge(graphdef, state.params, rest),
+          {k: float(v) for k, v in jax.device_get(metrics).items()})

@@ -1,0 +1,285 @@
+"""The StarPO training loop: rollout, filter + update, validation, logging, checkpoints.
+
+    from ragen_jax.train import trainer
+    summary = trainer.train(config, workdir)     # config: configs/*.py ConfigDict
+
+Per step s = 1 .. total_steps: every environment tag plays `train_groups x group_size` episodes
+from the levels of seeds `seed.train + (s - 1) * G + offset` (G groups per step, RAGEN's
+counter), the batches are joined (one sequence per episode, padded to a multiple of
+`trainer.pad_multiple`), and one compiled, donated `algos` train step filters and updates.
+Validation (step 0 = the starting point, then every `eval_every` steps) plays the fixed seeds
+`seed.val + g` at the validation temperature. All randomness derives from (seed.init, step), so
+a resumed run replays exactly what the uninterrupted run would have done.
+
+Workdir: `checkpoints/<step>/` (orbax: actor, critic, optimizer states, step, base key; JSON
+meta with the config and seed counters), TensorBoard events, `eval/step_<s>.jsonl`
+trajectories. Running again resumes from the latest checkpoint. A non-finite loss stops the run
+(nothing is saved); Ctrl-C finishes the current step, saves and exits.
+"""
+import dataclasses
+import os
+import signal
+import time
+from typing import Any, Dict, List, Optional
+
+from absl import logging
+import flax
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from ragen_jax import algos
+from ragen_jax import checkpoints
+from ragen_jax import logging_utils
+from ragen_jax import rollout as rollout_lib
+from ragen_jax.batch import RolloutBatch
+from ragen_jax.train import experiment as experiment_lib
+from ragen_jax.train import policy as policy_lib
+from ragen_jax.train import sft as sft_lib
+from ragen_jax.train import validation
+
+
+class NonFiniteLossError(RuntimeError):
+  """A train step produced a NaN or infinite loss; the run stops without saving."""
+
+
+@flax.struct.dataclass
+class RunState:
+  """What a checkpoint holds: the update's state and the run's base PRNG key."""
+  train: algos.TrainState
+  key: jax.Array
+
+
+_LOSS_KEYS = ("actor/pg_loss", "critic/vf_loss", "actor/kl_loss", "actor/entropy")
+
+
+def join_batches(batches: List[RolloutBatch], pad_multiple: int, pad_id: int) -> RolloutBatch:
+  """One batch from several environments' batches: left-padded to a common width (a multiple
+  of `pad_multiple`), group ids offset so groups stay distinct."""
+  width = max(b.tokens_BxT.shape[1] for b in batches)
+  width += -width % pad_multiple
+  parts, offset = [], 0
+  for b in batches:
+    extra = width - b.tokens_BxT.shape[1]
+    pad = lambda x, v: np.pad(np.asarray(x), ((0, 0), (extra, 0)), constant_values=v)
+    parts.append(dict(tokens_BxT=pad(b.tokens_BxT, pad_id),
+                      attention_mask_BxT=pad(b.attention_mask_BxT, 0),
+                      loss_mask_BxT=pad(b.loss_mask_BxT, 0), logprobs_BxT=pad(b.logprobs_BxT, 0),
+                      token_rewards_BxT=pad(b.token_rewards_BxT, 0),
+                      group_ids_B=np.asarray(b.group_ids_B) + offset,
+                      scores_B=np.asarray(b.scores_B)))
+    offset += int(np.max(np.asarray(b.group_ids_B))) + 1
+  return RolloutBatch(**{k: jnp.asarray(np.concatenate([p[k] for p in parts]))
+                         for k in parts[0]})
+
+
+def rollout_metrics(results: Dict[str, Any], prefix: str) -> Dict[str, float]:
+  """RAGEN's per-tag rollout metrics (`<prefix>/<tag>/success`, ...) and overall means."""
+  out, pooled = {}, {}
+  for tag, result in results.items():
+    for name, values in result.metrics.items():
+      out[f"{prefix}/{tag}/{name}"] = float(np.mean(values))
+      pooled.setdefault(name, []).append(values)
+    for name, value in result.summary.items():
+      if name.startswith("pass@"):
+        out[f"{prefix}/{tag}/{name}"] = value
+  for name, values in pooled.items():
+    out[f"{prefix}/{name}"] = float(np.mean(np.concatenate(values)))
+  return out
+
+
+class _StopFlag:
+  """First Ctrl-C: finish the step, save, exit. Second: the default KeyboardInterrupt."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = None
+
+  def __enter__(self):
+    try:
+      self._previous = signal.signal(signal.SIGINT, self._handle)
+    except ValueError:  # not the main thread: no handler, Ctrl-C behaves as usual
+      self._previous = None
+    return self
+
+  def _handle(self, signum, frame):
+    if self.requested:
+      raise KeyboardInterrupt
+    self.requested = True
+    logging.warning("Ctrl-C: finishing this step, saving a checkpoint, then exiting "
+                    "(press again to abort without saving)")
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGINT, self._previous)
+
+
+def _config_json(config) -> str:
+  return config.to_json_best_effort() if isinstance(config, ml_collections.ConfigDict) else "{}"
+
+
+def train(config, workdir: str, stop_after: Optional[int] = None) -> Dict[str, Any]:
+  """Runs (or resumes) the experiment `config` in `workdir`; returns the last metrics.
+
+  Args:
+    config: the experiment ConfigDict (validated here by experiment.from_config).
+    workdir: run directory (created); an existing checkpoint there is resumed.
+    stop_after: stop (saving a checkpoint) after this many steps of this call, as if
+      interrupted; for tests of resumption.
+  """
+  exp = experiment_lib.from_config(config)
+  os.makedirs(workdir, exist_ok=True)
+  is_main = jax.process_index() == 0
+  writer = logging_utils.SummaryWriter(workdir, enabled=is_main)
+  ckpt = checkpoints.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                  keep=exp.trainer.keep_checkpoints)
+  try:
+    return _Run(exp, config, workdir, writer, ckpt).loop(stop_after)
+  finally:
+    writer.close()
+    ckpt.close()
+
+
+class _Run:
+  """One call of `train`: builds everything, then loops."""
+
+  def __init__(self, exp, config, workdir, writer, ckpt):
+    self.exp, self.workdir, self.writer, self.ckpt = exp, workdir, writer, ckpt
+    self.config_json = _config_json(config)
+    self.model, self.tok = policy_lib.build(exp)
+    self.engines = {e.tag: rollout_lib.Rollout(e.make(), self.tok, e.rollout_config(
+        exp.rollout, validation=False)) for e in exp.envs}
+    self.val_engines = validation.engines(exp, self.tok)
+    self.groups_per_step = sum(e.train_groups for e in exp.envs)
+    self.train_step = algos.make_train_step(self.model, None, exp.ppo)
+
+  # ------------------------------------------------------------------ state
+
+  def _fresh_state(self) -> RunState:
+    """The starting point: SFT warm start (if configured), then a new TrainState."""
+    if self.exp.sft.steps:
+      # One episode per level: demonstrations cover as many levels as possible.
+      sft_engines = {}
+      for e in self.exp.envs:
+        rc = e.rollout_config(self.exp.rollout, validation=False)
+        rc = dataclasses.replace(rc, env_groups=rc.env_groups * rc.group_size, group_size=1)
+        sft_engines[e.tag] = rollout_lib.Rollout(e.make(), self.tok, rc)
+      logging.info("warm start: %d steps of supervised fine-tuning on expert demonstrations "
+                   "(%.0f%% random actions)", self.exp.sft.steps, 100 * self.exp.sft.random_prob)
+      self.model, _ = sft_lib.finetune(
+          self.model, sft_engines, self.exp.sft,
+          log=lambda i, m: (self.writer.scalars(i, m),
+                            logging.info("sft step %d: %s", i, _fmt(m))))
+    key = jax.random.key(self.exp.seed.init)
+    train_state = algos.init_train_state(self.model, None, self.exp.ppo,
+                                         jax.random.fold_in(key, 1))
+    return RunState(train_state, key)
+
+  def _restore(self) -> tuple[RunState, int]:
+    like = jax.eval_shape(lambda: RunState(
+        algos.init_train_state(self.model, None, self.exp.ppo, jax.random.key(0)),
+        jax.random.key(0)))
+    state, meta = self.ckpt.restore(like)
+    step = int(meta["step"])
+    logging.info("resumed from %s at step %d", self.ckpt.directory, step)
+    return state, step
+
+  def _save(self, state: RunState, step: int):
+    meta = {"step": step, "config": self.config_json,
+            "next_train_seed": self.exp.seed.train + step * self.groups_per_step,
+            "val_seed": self.exp.seed.val}
+    self.ckpt.save(step, state, meta)
+
+  # ------------------------------------------------------------------ pieces of a step
+
+  def _policy(self, state: RunState):
+    return algos.actor_module(self.model, state.train)
+
+  def _rollouts(self, policy, key, step):
+    results, seed = {}, self.exp.seed.train + (step - 1) * self.groups_per_step
+    for i, (tag, engine) in enumerate(self.engines.items()):
+      results[tag] = engine.run(policy, jax.random.fold_in(key, i), seed)
+      seed += engine.config.env_groups
+    return results
+
+  def _validate(self, state: RunState, step: int) -> Dict[str, float]:
+    tic = time.perf_counter()
+    metrics, episodes = validation.run(self.exp, self.val_engines, self._policy(state))
+    metrics["timing_s/testing"] = time.perf_counter() - tic
+    if jax.process_index() == 0:
+      path = os.path.join(self.workdir, "eval", f"step_{step}.jsonl")
+      validation.write_jsonl(path, episodes)
+      for tag in self.engines:
+        samples = [e for e in episodes if e["env"] == tag][:self.exp.trainer.sample_trajectories]
+        if samples:
+          self.writer.text(step, f"val/{tag}/trajectories", validation.markdown(samples))
+    return metrics
+
+  # ------------------------------------------------------------------ the loop
+
+  def loop(self, stop_after: Optional[int]) -> Dict[str, Any]:
+    exp = self.exp
+    total = exp.trainer.total_steps
+    if self.ckpt.latest_step() is not None:
+      state, start = self._restore()
+    else:
+      state, start = self._fresh_state(), 0
+      val = self._validate(state, 0)
+      self.writer.scalars(0, val)
+      logging.info("step 0 (starting point): %s", _fmt(val))
+      self._save(state, 0)
+    progress = logging_utils.Progress(max(total, 1), start_step=start,
+                                      enabled=jax.process_index() == 0)
+    last, step = {}, start
+    with _StopFlag() as stop:
+      for step in range(start + 1, total + 1):
+        tic = time.perf_counter()
+        step_key = jax.random.fold_in(state.key, step)
+        results = self._rollouts(self._policy(state), step_key, step)
+        t_gen = time.perf_counter() - tic
+        batch = join_batches([r.batch for r in results.values()], exp.trainer.pad_multiple,
+                             self.tok.pad_id)
+        tic2 = time.perf_counter()
+        train_state, metrics = self.train_step(state.train, batch, jax.random.fold_in(
+            step_key, 1000003))
+        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        t_update = time.perf_counter() - tic2
+        bad = [k for k in _LOSS_KEYS if k in metrics and not np.isfinite(metrics[k])]
+        if bad:
+          raise NonFiniteLossError(
+              f"step {step}: {', '.join(bad)} is not finite ({metrics[bad[0]]}); stopping "
+              f"without saving. The last good checkpoint is step {self.ckpt.latest_step()} in "
+              f"{self.ckpt.directory}; lower ppo.actor_lr or check the data.")
+        state = state.replace(train=train_state)
+        response = np.asarray(batch.loss_mask_BxT).sum(axis=1)
+        metrics.update(rollout_metrics(results, "train"))
+        metrics.update({
+            "response_length/mean": float(response.mean()),
+            "prompt_length/mean": float(np.asarray(batch.attention_mask_BxT).sum(1).mean()
+                                        - response.mean()),
+            "train/batch_size": float(batch.tokens_BxT.shape[0]),
+            "train/seq_len": float(batch.tokens_BxT.shape[1]),
+            "timing_s/gen": t_gen, "timing_s/update": t_update,
+        })
+        if step % exp.trainer.eval_every == 0 or step == total:
+          metrics.update(self._validate(state, step))
+        metrics["timing_s/step"] = time.perf_counter() - tic
+        metrics["perf/throughput"] = float(np.asarray(batch.attention_mask_BxT).sum()
+                                           ) / metrics["timing_s/step"]
+        self.writer.scalars(step, metrics)
+        progress.update(step, metrics)
+        last = metrics
+        interrupted = stop.requested or (stop_after is not None and step - start >= stop_after)
+        if step % exp.trainer.save_every == 0 or step == total or interrupted:
+          self._save(state, step)
+        if interrupted:
+          logging.info("stopped after step %d; run the same command to resume", step)
+          break
+    self.writer.flush()
+    return {"step": step, **last}
+
+
+def _fmt(metrics: Dict[str, float]) -> str:
+  keys = [k for k in sorted(metrics) if k.endswith(("success", "loss", "pass@1"))][:8]
+  return ", ".join(f"{k}={metrics[k]:.3g}" for k in keys)

@@ -1,0 +1,69 @@
+"""Validation on the fixed seeds, shared by the trainer and `python -m ragen_jax.evaluate`.
+
+Every environment tag plays `val_groups` groups (group g starts from the level of seed
+`seed.val + g`) of `rollout.val_group_size` episodes at `rollout.val_temperature` (RAGEN: 0.5),
+in batches of at most `rollout.val_batch_groups` groups. A last, partial batch still plays a
+full one (same shapes, no recompile) and keeps only its first groups.
+
+Metrics: `val/<tag>/<metric>` per tag, `val/<metric>` pooled over tags, and
+`val/<tag>/pass@k` (k = val_group_size: any success within a group).
+"""
+import json
+import os
+from typing import Any, Dict, List, Tuple
+
+import jax
+import numpy as np
+
+from ragen_jax import rollout as rollout_lib
+
+
+def engines(exp, tokenizer) -> Dict[str, rollout_lib.Rollout]:
+  return {e.tag: rollout_lib.Rollout(e.make(validation=True), tokenizer,
+                                     e.rollout_config(exp.rollout, validation=True))
+          for e in exp.envs}
+
+
+def run(exp, val_engines, model) -> Tuple[Dict[str, float], List[Dict[str, Any]]]:
+  """(metrics, one record per episode) of `model` on every tag's validation levels."""
+  key = jax.random.fold_in(jax.random.key(exp.seed.init), 7919)
+  metrics, pooled, episodes = {}, {}, []
+  k = exp.rollout.val_group_size
+  for spec in exp.envs:
+    engine = val_engines[spec.tag]
+    per_episode = {}
+    for start in range(0, spec.val_groups, engine.config.env_groups):
+      keep = min(engine.config.env_groups, spec.val_groups - start) * k
+      result = engine.run(model, jax.random.fold_in(key, start), seed=exp.seed.val + start)
+      for name, values in result.metrics.items():
+        per_episode.setdefault(name, []).append(values[:keep])
+      for i, ep in enumerate(result.episodes[:keep]):
+        group = start + ep["group_id"]
+        episodes.append({**ep, "env": spec.tag, "group_id": group, "seed": exp.seed.val + group,
+                         "episode": i % k})
+    for name, parts in per_episode.items():
+      values = np.concatenate(parts)
+      metrics[f"val/{spec.tag}/{name}"] = float(values.mean())
+      pooled.setdefault(name, []).append(values)
+    success = np.concatenate(per_episode["success"]).reshape(-1, k)
+    metrics[f"val/{spec.tag}/pass@{k}"] = float(success.max(axis=1).mean())
+  for name, parts in pooled.items():
+    metrics[f"val/{name}"] = float(np.concatenate(parts).mean())
+  return metrics, episodes
+
+
+def write_jsonl(path: str, episodes: List[Dict[str, Any]]) -> None:
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w") as fp:
+    for ep in episodes:
+      fp.write(json.dumps(ep, ensure_ascii=False) + "\n")
+
+
+def markdown(episodes: List[Dict[str, Any]]) -> str:
+  """Trajectories as TensorBoard text: a header line and the conversation in a code block."""
+  parts = []
+  for ep in episodes:
+    body = "\n".join(f"[{m['role']}]\n{m['content']}" for m in ep["messages"][1:])
+    parts.append(f"**{ep['env']} seed {ep['seed']}**: success {ep['success']}, reward "
+                 f"{ep['reward']:.2f}, turns {ep['turns']}\n\n```\n{body}\n```")
+  return "\n\n".join(parts)

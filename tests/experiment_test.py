@@ -1,0 +1,105 @@
+"""Configs: every shipped file validates, overrides and typos, and clear errors for bad values."""
+import glob
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ragen_jax import config_sections
+from ragen_jax.train import experiment
+from ragen_jax.train import launch_utils
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
+
+
+def load(name, variant=None):
+  spec = os.path.join(ROOT, "configs", f"{name}.py") + (f":{variant}" if variant else "")
+  return launch_utils.load_config_file(spec)
+
+
+def test_the_issue_lists_configs_exist():
+  names = {os.path.basename(p)[:-3] for p in CONFIGS}
+  assert names >= {"sokoban_ppo", "sokoban_grpo", "frozenlake_ppo", "frozenlake_grpo",
+                   "bandit_ppo", "bandit_grpo", "sokoban_starpo_s", "sokoban_sft"}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
+@pytest.mark.parametrize("variant", [None, "smoke"])
+def test_every_config_validates(path, variant):
+  exp = experiment.from_config(launch_utils.load_config_file(
+      path + (f":{variant}" if variant else "")))
+  assert exp.train_episodes % exp.ppo.num_minibatches == 0
+  assert all(e.train_groups >= 1 for e in exp.envs)
+
+
+def test_starpo_s_filters_without_kl_and_clips_higher():
+  exp = experiment.from_config(load("sokoban_starpo_s"))
+  assert exp.ppo.filter_strategy == "top_k" and exp.ppo.filter_value == 0.25
+  assert not exp.ppo.use_kl_loss and (exp.ppo.clip_low, exp.ppo.clip_high) == (0.2, 0.28)
+
+
+def test_qwen_variant_needs_a_checkpoint_directory(tmp_path):
+  config = load("sokoban_ppo", "qwen2.5-0.5b")
+  with pytest.raises(ValueError, match="--config.model.checkpoint"):
+    experiment.from_config(config)
+  with config.unlocked():
+    config.model.checkpoint = str(tmp_path)
+  with pytest.raises(ValueError, match="no config.json"):
+    experiment.from_config(config)
+
+
+def test_unknown_variant_is_named():
+  with pytest.raises(ValueError, match="valid: smoke"):
+    load("sokoban_ppo", "smok")
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("envs.sokoban.name", "sokobn", "not an environment; valid"),
+    ("envs.sokoban.render_format", "pixels", "render_format"),
+    ("ppo.num_minibatches", 5, "not divisible by num_minibatches"),
+    ("ppo.adv_estimator", "ppo", "adv_estimator must be one of"),
+    ("ppo.clip_low", 1.5, "clip_low"),
+    ("rollout.max_context", 10, "max_context must exceed"),
+    ("sft.random_prob", 2.0, "random_prob"),
+    ("model.preset", "huge", "model.preset 'huge' is unknown"),
+    ("model.dtype", "int8", "model.dtype"),
+])
+def test_bad_values_raise_clear_errors(key, value, message):
+  config = load("sokoban_ppo")
+  section, _, name = key.rpartition(".")
+  node = config
+  for part in section.split("."):
+    node = node[part]
+  with config.unlocked():
+    node[name] = value
+  with pytest.raises(ValueError, match=message):
+    experiment.from_config(config)
+
+
+def test_unknown_env_option_is_named():
+  config = load("sokoban_ppo")
+  with config.unlocked():
+    config.envs.sokoban.options.num_boxs = 2
+  with pytest.raises(ValueError, match="num_boxs"):
+    experiment.from_config(config)
+
+
+def test_override_typos_name_the_valid_keys():
+  config = load("sokoban_ppo")
+  config_sections.check_overrides(config, ["--config.rollout.group_size=4", "--workdir=x"])
+  with pytest.raises(ValueError, match=r"rollout has no 'group_sze'; valid keys there: .*group_size"):
+    config_sections.check_overrides(config, ["--config.rollout.group_sze=4"])
+  with pytest.raises(ValueError, match=r"the config has no 'rollot'"):
+    config_sections.check_overrides(config, ["--config.rollot.group_size=4"])
+
+
+def test_launch_rejects_a_typo_before_doing_anything(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, "launch.py", "--config=configs/sokoban_ppo.py:smoke",
+       "--config.trainer.total_step=3", f"--workdir={tmp_path / 'w'}"],
+      cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2
+  assert "trainer has no 'total_step'" in proc.stderr and "total_steps" in proc.stderr
+  assert not (tmp_path / "w").exists()

@@ -1,0 +1,210 @@
+"""The trainer end to end on the `:smoke` config: events, checkpoints, resumption, Ctrl-C,
+NaN stop, export to transformers, evaluation of a training checkpoint, mixed environments.
+
+One uninterrupted smoke run (module fixture) is the reference the other tests compare against.
+Dimension legend: B episodes, T tokens.
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ragen_jax import algos
+from ragen_jax import checkpoints
+from ragen_jax import evaluate
+from ragen_jax import logging_utils
+from ragen_jax.train import launch_utils
+from ragen_jax.train import restore
+from ragen_jax.train import trainer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMOKE = os.path.join(ROOT, "configs", "sokoban_ppo.py") + ":smoke"
+# Wall-clock metrics differ between runs; everything else must match exactly.
+_TIMING = ("timing_s/", "perf/")
+
+
+def smoke_config(spec=SMOKE):
+  return launch_utils.load_config_file(spec)
+
+
+def comparable(scalars, steps):
+  return {(tag, step): value for tag, series in scalars.items() if not tag.startswith(_TIMING)
+          for step, value in series if step in steps}
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("reference"))
+  summary = trainer.train(smoke_config(), workdir)
+  return workdir, summary
+
+
+def test_smoke_run_writes_events_checkpoints_and_trajectories(reference_run):
+  workdir, summary = reference_run
+  assert summary["step"] == 4
+  scalars = logging_utils.read_scalars(workdir)
+  for tag in ("train/success", "train/sokoban/success", "val/success", "val/sokoban/success",
+              "actor/pg_loss", "actor/entropy", "critic/vf_loss", "rollout/in_group_reward_std",
+              "timing_s/gen", "timing_s/update", "response_length/mean"):
+    assert tag in scalars, tag
+  assert [s for s, _ in scalars["train/success"]] == [1, 2, 3, 4]
+  assert [s for s, _ in scalars["val/success"]] == [0, 2, 4]  # step 0 = starting point
+  assert "sft/loss" not in scalars        # RL configs start from the shipped warm start
+  ckpt = checkpoints.Checkpointer(os.path.join(workdir, "checkpoints"))
+  assert ckpt.all_steps() == [0, 2, 4]
+  assert ckpt.meta()["next_train_seed"] == 10000 + 4 * 2
+  ckpt.close()
+  texts = logging_utils.read_texts(workdir)
+  assert [s for s, _ in texts["val/sokoban/trajectories"]] == [0, 2, 4]
+  assert "Turn 1:" in texts["val/sokoban/trajectories"][0][1]
+  assert os.path.isfile(os.path.join(workdir, "eval", "step_4.jsonl"))
+
+
+def test_resumed_run_matches_the_uninterrupted_run(reference_run, tmp_path):
+  ref_dir, _ = reference_run
+  workdir = str(tmp_path / "resumed")
+  first = trainer.train(smoke_config(), workdir, stop_after=1)   # stops (and saves) at step 1
+  assert first["step"] == 1
+  second = trainer.train(smoke_config(), workdir)                # the same call resumes
+  assert second["step"] == 4
+  ref, got = logging_utils.read_scalars(ref_dir), logging_utils.read_scalars(workdir)
+  expected = comparable(ref, {2, 3, 4})
+  assert expected and comparable(got, {2, 3, 4}) == expected
+  # And the final weights are identical.
+  a = restore.load_actor(ref_dir)[0]
+  b = restore.load_actor(workdir)[0]
+  ids = jnp.arange(12, dtype=jnp.int32)[None]
+  np.testing.assert_array_equal(np.asarray(a(ids)), np.asarray(b(ids)))
+
+
+def test_ctrl_c_saves_and_exits_cleanly(tmp_path):
+  workdir = str(tmp_path / "interrupted")
+  proc = subprocess.Popen(
+      [sys.executable, "launch.py", f"--config={SMOKE}", f"--workdir={workdir}",
+       "--config.trainer.total_steps=50"],
+      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  lines = []
+  deadline = time.time() + 400
+  for line in proc.stdout:
+    lines.append(line)
+    if re.match(r"step +1/50 ", line):
+      proc.send_signal(signal.SIGINT)
+      break
+    assert time.time() < deadline, "".join(lines[-20:])
+  out, _ = proc.communicate(timeout=300)
+  log = "".join(lines) + out
+  assert proc.returncode == 0, log[-3000:]
+  assert "run the same command to resume" in log
+  ckpt = checkpoints.Checkpointer(os.path.join(workdir, "checkpoints"))
+  saved = ckpt.latest_step()
+  ckpt.close()
+  assert saved is not None and 1 <= saved < 50
+
+
+def test_non_finite_loss_stops_without_saving(tmp_path, monkeypatch):
+  real = algos.make_train_step
+
+  def poisoned(*args, **kwargs):
+    step_fn = real(*args, **kwargs)
+
+    def step(state, batch, key):
+      state, metrics = step_fn(state, batch, key)
+      metrics = dict(metrics, **{"actor/pg_loss": jnp.where(state.step >= 2, jnp.nan, 0.0)})
+      return state, metrics
+    return step
+
+  monkeypatch.setattr(algos, "make_train_step", poisoned)
+  workdir = str(tmp_path / "nan")
+  with pytest.raises(trainer.NonFiniteLossError, match="actor/pg_loss"):
+    trainer.train(smoke_config(), workdir)
+  ckpt = checkpoints.Checkpointer(os.path.join(workdir, "checkpoints"))
+  assert ckpt.all_steps() == [0]      # step 1 is not a save step; step 2 never saved
+  ckpt.close()
+
+
+def test_checkpoint_that_does_not_fit_the_config_is_a_clear_error(reference_run, tmp_path):
+  ref_dir, _ = reference_run
+  workdir = str(tmp_path / "other")
+  import shutil  # pylint: disable=g-import-not-at-top
+  shutil.copytree(os.path.join(ref_dir, "checkpoints"), os.path.join(workdir, "checkpoints"))
+  config = smoke_config()
+  with config.unlocked():
+    config.ppo.adv_estimator = "grpo"   # no critic: the saved state has one
+  with pytest.raises(ValueError, match="does not fit"):
+    trainer.train(config, workdir)
+
+
+def test_export_loads_in_transformers_with_the_same_logits(reference_run, tmp_path):
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  ref_dir, _ = reference_run
+  out = str(tmp_path / "hf")
+  proc = subprocess.run([sys.executable, "-m", "ragen_jax.export", f"--checkpoint={ref_dir}",
+                         f"--out={out}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "exported step 4" in proc.stdout
+  assert os.path.isfile(os.path.join(out, "ragen_sentencepiece.model"))
+  hf = transformers.AutoModelForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
+  actor = restore.load_actor(ref_dir)[0]
+  ids = np.random.default_rng(0).integers(0, 2000, (2, 24))
+  with torch.no_grad():
+    expected = hf(torch.tensor(ids)).logits.numpy()
+  np.testing.assert_allclose(np.asarray(actor(jnp.asarray(ids, jnp.int32))), expected,
+                             atol=1e-4, rtol=1e-4)
+
+
+def test_evaluate_reads_a_training_checkpoint(reference_run, tmp_path):
+  ref_dir, _ = reference_run
+  metrics = evaluate.evaluate(None, checkpoint=ref_dir, output=str(tmp_path / "e.jsonl"))
+  logged = logging_utils.read_scalars(ref_dir)
+  # The trainer's final validation used the same policy, seeds and keys.
+  assert metrics["val/success"] == logged["val/success"][-1][1]
+  assert metrics["val/sokoban/response_length"] == pytest.approx(
+      logged["val/sokoban/response_length"][-1][1])
+  assert metrics["val/num_episodes"] == 4
+
+
+def test_sft_only_config_fine_tunes_validates_and_saves_step_0(tmp_path):
+  workdir = str(tmp_path / "sft")
+  summary = trainer.train(smoke_config(os.path.join(ROOT, "configs", "sokoban_sft.py:smoke")),
+                          workdir)
+  assert summary["step"] == 0
+  scalars = logging_utils.read_scalars(workdir)
+  assert [s for s, _ in scalars["sft/loss"]] == [2] and "val/success" in scalars
+  ckpt = checkpoints.Checkpointer(os.path.join(workdir, "checkpoints"))
+  assert ckpt.all_steps() == [0]
+  ckpt.close()
+
+
+def test_mixed_environments_share_one_batch(tmp_path):
+  config = smoke_config(os.path.join(ROOT, "configs", "mixed_ppo.py") + ":smoke")
+  with config.unlocked():
+    config.trainer.total_steps = 1
+    config.sft.steps = 0
+  summary = trainer.train(config, str(tmp_path / "mixed"))
+  for tag in ("frozenlake", "bandit"):
+    assert f"train/{tag}/success" in summary and f"val/{tag}/success" in summary
+  assert summary["train/batch_size"] == 2 * 2 * 2
+
+
+def test_join_batches_pads_and_offsets_group_ids():
+  from ragen_jax.batch import RolloutBatch  # pylint: disable=g-import-not-at-top
+
+  def batch(b, t, value):
+    ones = np.ones((b, t), np.int32)
+    return RolloutBatch(tokens_BxT=ones * value, attention_mask_BxT=ones, loss_mask_BxT=ones,
+                        logprobs_BxT=ones * 0.5, token_rewards_BxT=ones * 0.0,
+                        group_ids_B=np.repeat(np.arange(b // 2), 2),
+                        scores_B=np.arange(b, dtype=np.float32))
+  joined = trainer.join_batches([batch(4, 5, 7), batch(2, 9, 8)], pad_multiple=4, pad_id=0)
+  assert joined.tokens_BxT.shape == (6, 12)
+  np.testing.assert_array_equal(np.asarray(joined.group_ids_B), [0, 0, 1, 1, 2, 2])
+  np.testing.assert_array_equal(np.asarray(joined.tokens_BxT[0]), [0] * 7 + [7] * 5)
+  np.testing.assert_array_equal(np.asarray(joined.attention_mask_BxT[4]), [0] * 3 + [1] * 9)
