@@ -6,8 +6,9 @@ r"""Evaluates a policy on the fixed validation levels, as RAGEN's validation doe
 `--checkpoint` is a training run (its workdir, its `checkpoints/` directory or one
 `checkpoints/<step>` directory: the run's own config rebuilds the model and `--config`, when
 given, chooses what is evaluated) or a Hugging Face Qwen2 directory (config.json + safetensors,
-its tokenizer.json when present). Without it, the randomly initialised `config.model.preset`
-model (seed `config.seed.init`) is evaluated.
+its tokenizer.json when present). Without it, the config's own starting policy is evaluated: the
+tiny preset's shipped warm start, or with `--config.model.warm_start=False` the randomly
+initialised `config.model.preset` (seed `config.seed.init`).
 
 Validation (ragen_jax.train.validation): every environment tag plays `val_groups` groups from
 seeds `seed.val + g`, `rollout.val_group_size` episodes each, at `rollout.val_temperature`

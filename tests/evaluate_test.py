@@ -22,7 +22,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def load_config(name, arg="debug"):
-  return launch_utils.load_config_file(os.path.join(ROOT, "configs", f"{name}_ppo.py:{arg}"))
+  """The debug variant with random weights (not the shipped warm start)."""
+  config = launch_utils.load_config_file(os.path.join(ROOT, "configs", f"{name}_ppo.py:{arg}"))
+  with config.unlocked():
+    config.model.warm_start = False
+  return config
 
 
 def read_lines(path):
@@ -34,7 +38,7 @@ def test_cli_with_a_random_model_writes_one_line_per_trajectory(tmp_path):
   out = tmp_path / "bandit.jsonl"
   proc = subprocess.run(
       [sys.executable, "-m", "ragen_jax.evaluate", "--config=configs/bandit_ppo.py:debug",
-       "--config.envs.bandit.val_groups=3", "--config.rollout.val_group_size=2",
+       "--config.envs.bandit.val_groups=3", "--config.model.warm_start=False", "--config.rollout.val_group_size=2",
        f"--output={out}"],
       cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
