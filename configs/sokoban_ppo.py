@@ -1,6 +1,6 @@
 r"""Sokoban with PPO (GAE + a separate critic), RAGEN's `_2_sokoban` at CPU scale: the default run.
 
-  python launch.py --config=configs/sokoban_ppo.py                 # ~20 min on 2 CPU cores
+  python launch.py --config=configs/sokoban_ppo.py                 # ~16 min on 2 CPU cores
   python launch.py --config=configs/sokoban_ppo.py:smoke           # < 2 min, for tests
   python launch.py --config=configs/sokoban_ppo.py:qwen2.5-0.5b \
       --config.model.checkpoint=/path/to/Qwen2.5-0.5B-Instruct     # RAGEN's sizes
