@@ -15,10 +15,8 @@ def get_config(arg=None):
   config.envs = ml_collections.ConfigDict()
   config.envs.bandit = cs.bandit_env(train_groups=4, val_groups=64)  # CPU: RAGEN 8 / 256+256
   config.model = cs.model_section()
-  config.rollout = cs.rollout_section(max_turns=1, max_actions_per_turn=1, max_new_tokens=32)
-  config.rollout.group_size = 8          # CPU: RAGEN 16
-  config.rollout.max_context = 512       # CPU: one short turn
-  config.rollout.max_turn_tokens = 256
+  config.rollout = cs.cpu_rollout_section(max_turns=1, max_actions_per_turn=1, max_new_tokens=32,
+                                          max_context=512)  # CPU: one short turn
   config.ppo = cs.ppo_section(adv_estimator="grpo", actor_lr=1e-4,  # CPU: RAGEN 1e-6
                               num_minibatches=2)
   config.sft = cs.sft_section()          # steps=0: the shipped warm start is the SFT

@@ -13,10 +13,7 @@ def get_config(arg=None):
   config.envs.frozenlake = cs.frozenlake_env(train_groups=2, val_groups=32)
   config.envs.bandit = cs.bandit_env(train_groups=2, val_groups=32)
   config.model = cs.model_section()
-  config.rollout = cs.rollout_section(max_turns=5, max_actions_per_turn=2, max_new_tokens=48)
-  config.rollout.group_size = 8
-  config.rollout.max_context = 1024
-  config.rollout.max_turn_tokens = 256
+  config.rollout = cs.cpu_rollout_section()
   config.ppo = cs.ppo_section(adv_estimator="gae", actor_lr=1e-4, critic_lr=1e-4,
                               num_minibatches=2)
   config.sft = cs.sft_section()          # steps=0: the shipped warm start is the SFT

@@ -20,10 +20,7 @@ def get_config(arg=None):
   # CPU: 4 groups x 8 episodes per step (RAGEN: 8 x 16); 64 validation levels (RAGEN: 512).
   config.envs.sokoban = cs.sokoban_env(train_groups=4, val_groups=64)
   config.model = cs.model_section()
-  config.rollout = cs.rollout_section(max_turns=5, max_actions_per_turn=2, max_new_tokens=48)
-  config.rollout.group_size = 8
-  config.rollout.max_context = 1024      # CPU: the tiny model's replies are short
-  config.rollout.max_turn_tokens = 256
+  config.rollout = cs.cpu_rollout_section()
   # CPU: learning rates for a 1M-parameter model (RAGEN's 1e-6 / 1e-5 are for 0.5B-7B).
   config.ppo = cs.ppo_section(adv_estimator="gae", actor_lr=1e-4, critic_lr=5e-4,
                               num_minibatches=2)

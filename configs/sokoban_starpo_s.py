@@ -12,10 +12,7 @@ def get_config(arg=None):
   config.envs = ml_collections.ConfigDict()
   config.envs.sokoban = cs.sokoban_env(train_groups=8, val_groups=64)  # CPU: RAGEN 8 / 512
   config.model = cs.model_section()
-  config.rollout = cs.rollout_section(max_turns=5, max_actions_per_turn=2, max_new_tokens=48)
-  config.rollout.group_size = 4          # CPU: RAGEN 16; 8 groups to filter from
-  config.rollout.max_context = 1024
-  config.rollout.max_turn_tokens = 256
+  config.rollout = cs.cpu_rollout_section(group_size=4)  # CPU: 8 groups of 4 to filter
   config.ppo = cs.ppo_section(
       adv_estimator="gae", actor_lr=1e-4, critic_lr=1e-4,  # CPU: RAGEN 1e-6 / 1e-5
       num_minibatches=2,

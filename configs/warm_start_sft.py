@@ -21,10 +21,7 @@ def get_config(arg=None):
   config.envs.bandit = cs.bandit_env(train_groups=4, val_groups=64)
   config.model = cs.model_section()
   config.model.warm_start = False        # from scratch: this run makes the warm start
-  config.rollout = cs.rollout_section(max_turns=5, max_actions_per_turn=2, max_new_tokens=48)
-  config.rollout.group_size = 8
-  config.rollout.max_context = 1024
-  config.rollout.max_turn_tokens = 256
+  config.rollout = cs.cpu_rollout_section()
   config.ppo = cs.ppo_section(adv_estimator="grpo", num_minibatches=2)  # unused: no RL steps
   config.sft = cs.sft_section(steps=450, batch_size=16, lr=2e-3, warmup_steps=30)
   config.trainer = cs.trainer_section(total_steps=0)

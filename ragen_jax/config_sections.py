@@ -103,6 +103,18 @@ def rollout_section(*, max_turns: int, max_actions_per_turn: int,
   return rollout
 
 
+def cpu_rollout_section(*, max_turns: int = 5, max_actions_per_turn: int = 2,
+                        max_new_tokens: int = 48, group_size: int = 8,
+                        max_context: int = 1024) -> ml_collections.ConfigDict:
+  """rollout_section at the tiny model's CPU scale (RAGEN's turn limits by default)."""
+  rollout = rollout_section(max_turns=max_turns, max_actions_per_turn=max_actions_per_turn,
+                            max_new_tokens=max_new_tokens)
+  rollout.group_size = group_size      # CPU: RAGEN 16
+  rollout.max_context = max_context    # CPU: the tiny model's replies are short
+  rollout.max_turn_tokens = 256        # CPU: a user turn is ~120 tokens here
+  return rollout
+
+
 def ppo_section(**overrides) -> ml_collections.ConfigDict:
   """The StarPO update (ragen_jax.algos.PPOConfig, whose docstring defines each field)."""
   ppo = ml_collections.ConfigDict()
