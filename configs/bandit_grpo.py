@@ -22,5 +22,7 @@ def get_config(arg=None):
   config.sft = cs.sft_section()          # steps=0: the shipped warm start is the SFT
   config.trainer = cs.trainer_section(total_steps=30, eval_every=5, save_every=10,
                                       pad_multiple=512)
+  config.diagnostics = cs.diagnostics_section()
+  config.early_stop = cs.early_stop_section()
   config.seed = cs.seed_section()
   return cs.apply_variant(config, arg)

@@ -18,5 +18,7 @@ def get_config(arg=None):
                               num_minibatches=2)
   config.sft = cs.sft_section()          # steps=0: the shipped warm start is the SFT
   config.trainer = cs.trainer_section(total_steps=40, eval_every=10, save_every=10)
+  config.diagnostics = cs.diagnostics_section()
+  config.early_stop = cs.early_stop_section()
   config.seed = cs.seed_section()
   return cs.apply_variant(config, arg)

@@ -28,5 +28,7 @@ def get_config(arg=None):
   # CPU: 15 steps (RAGEN 200) fit the 20-minute budget (~60 s per step on 2 cores);
   # validation at 0, 5, 10, 15.
   config.trainer = cs.trainer_section(total_steps=15, eval_every=5, save_every=5)
+  config.diagnostics = cs.diagnostics_section()
+  config.early_stop = cs.early_stop_section()
   config.seed = cs.seed_section()
   return cs.apply_variant(config, arg)

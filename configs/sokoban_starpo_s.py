@@ -22,5 +22,7 @@ def get_config(arg=None):
       use_kl_loss=False, kl_coef=0.0, clip_low=0.2, clip_high=0.28)
   config.sft = cs.sft_section()          # steps=0: the shipped warm start is the SFT
   config.trainer = cs.trainer_section(total_steps=40, eval_every=10, save_every=10)
+  config.diagnostics = cs.diagnostics_section()
+  config.early_stop = cs.early_stop_section()
   config.seed = cs.seed_section()
   return cs.apply_variant(config, arg)

@@ -25,5 +25,7 @@ def get_config(arg=None):
   config.ppo = cs.ppo_section(adv_estimator="grpo", num_minibatches=2)  # unused: no RL steps
   config.sft = cs.sft_section(steps=450, batch_size=16, lr=2e-3, warmup_steps=30)
   config.trainer = cs.trainer_section(total_steps=0)
+  config.diagnostics = cs.diagnostics_section()
+  config.early_stop = cs.early_stop_section()
   config.seed = cs.seed_section()
   return cs.apply_variant(config, arg)

@@ -183,6 +183,34 @@ def trainer_section(**overrides) -> ml_collections.ConfigDict:
   return trainer
 
 
+def diagnostics_section(**overrides) -> ml_collections.ConfigDict:
+  """RAGEN-2's collapse diagnostics (ragen_jax.diagnostics): the MI family of proxies."""
+  diag = ml_collections.ConfigDict()
+  diag.compute_freq = 5                # MI family at step 1 and every N steps (0 = off)
+  diag.num_samples = 64                # first-turn (prompt, reasoning) pairs per computation
+  diag.multi_turn_samples = 32         # multi-turn draws, each its own column (cost ~ N^2);
+                                       # CPU: RAGEN 64 (tiny model: 7 s vs ~30 s per computation)
+  diag.micro_batch = 64                # pairs scored per jitted call (memory knob)
+  diag.update(overrides)
+  return diag
+
+
+def early_stop_section(**overrides) -> ml_collections.ConfigDict:
+  """RAGEN's stopping rules (ragen_jax.train.early_stop); each mode: stop | warn | off."""
+  stop = ml_collections.ConfigDict()
+  stop.reward_std_collapse = "stop"    # in-group reward std collapses against its baseline
+  stop.reward_std_baseline_steps = 10  # baseline = mean std over the first N updating steps
+  stop.reward_std_patience = 10        # fires after N consecutive steps below the ratio
+  stop.reward_std_ratio = 0.1          # "collapsed" = below this share of the baseline
+  stop.low_val_success = "stop"        # a tag's validation success stays near zero
+  stop.low_val_threshold = 0.01        # "near zero"
+  stop.low_val_patience = 5            # consecutive validations (step 0's included)
+  stop.empty_filter = "stop"           # rollout filtering keeps nothing, step after step
+  stop.empty_filter_patience = 5       # consecutive skipped steps (RAGEN: 5)
+  stop.update(overrides)
+  return stop
+
+
 def seed_section() -> ml_collections.ConfigDict:
   seed = ml_collections.ConfigDict()
   seed.train = 10000                   # first training level seed (advances by groups per step)
@@ -220,10 +248,14 @@ def apply_variant(config: ml_collections.ConfigDict, arg) -> ml_collections.Conf
     config.trainer.save_every = 2
     config.trainer.sample_trajectories = 1
     config.trainer.pad_multiple = 768    # one compiled train-step shape
+    config.diagnostics.compute_freq = 2
+    config.diagnostics.num_samples = 4
+    config.diagnostics.multi_turn_samples = 4
   elif arg and arg.startswith("qwen2.5-") and arg in VARIANTS:
     config.model.preset = arg
     config.model.tokenizer = "qwen2.5"
     config.model.dtype = "bfloat16"
+    config.diagnostics.multi_turn_samples = 64
     config.sft.steps = 0
     config.ppo.actor_lr = 1e-6
     config.ppo.critic_lr = 1e-5

@@ -55,6 +55,15 @@ def test_smoke_run_writes_events_checkpoints_and_trajectories(reference_run):
               "timing_s/gen", "timing_s/update", "response_length/mean"):
     assert tag in scalars, tag
   assert [s for s, _ in scalars["train/success"]] == [1, 2, 3, 4]
+  # Diagnostics: reasoning metrics every step, the MI family at step 1 and every 2 (smoke).
+  assert [s for s, _ in scalars["collapse/valid_thinking_rate"]] == [1, 2, 3, 4]
+  assert [s for s, _ in scalars["reasoning_length/mean"]] == [1, 2, 3, 4]
+  for family in ("first_turn", "multi_turn"):
+    assert [s for s, _ in scalars[f"collapse/{family}/num_samples"]] == [1, 2, 4]
+  for step, value in scalars["collapse/multi_turn/mi_estimate"]:
+    bound = dict(scalars["collapse/multi_turn/mi_upper_bound"])[step]
+    assert -0.5 < value <= bound + 1e-4
+  assert not [t for t in scalars if t.startswith(("early_stopped/", "early_warning/"))]
   assert [s for s, _ in scalars["val/success"]] == [0, 2, 4]  # step 0 = starting point
   assert "sft/loss" not in scalars        # RL configs start from the shipped warm start
   ckpt = checkpoints.Checkpointer(os.path.join(workdir, "checkpoints"))
@@ -65,6 +74,8 @@ def test_smoke_run_writes_events_checkpoints_and_trajectories(reference_run):
   assert [s for s, _ in texts["val/sokoban/trajectories"]] == [0, 2, 4]
   assert "Turn 1:" in texts["val/sokoban/trajectories"][0][1]
   assert os.path.isfile(os.path.join(workdir, "eval", "step_4.jsonl"))
+  assert sorted(os.listdir(os.path.join(workdir, "viewer"))) == [
+      "step_0.html", "step_2.html", "step_4.html"]
 
 
 def test_resumed_run_matches_the_uninterrupted_run(reference_run, tmp_path):
@@ -82,6 +93,27 @@ def test_resumed_run_matches_the_uninterrupted_run(reference_run, tmp_path):
   b = restore.load_actor(workdir)[0]
   ids = jnp.arange(12, dtype=jnp.int32)[None]
   np.testing.assert_array_equal(np.asarray(a(ids)), np.asarray(b(ids)))
+
+
+def test_early_stop_rule_saves_ends_the_run_and_stays_stopped(tmp_path):
+  workdir = str(tmp_path / "stopped")
+  config = smoke_config()
+  with config.unlocked():
+    config.early_stop.low_val_threshold = 1.1    # every validation counts as "low"
+    config.early_stop.low_val_patience = 2       # step 0 and step 2: fires at step 2
+  summary = trainer.train(config, workdir)
+  assert summary["step"] == 2 and summary["early_stopped"] == "low_val_success"
+  scalars = logging_utils.read_scalars(workdir)
+  assert scalars["early_stopped/low_val_success"] == [(2, 1.0)]
+  ckpt = checkpoints.Checkpointer(os.path.join(workdir, "checkpoints"))
+  assert ckpt.latest_step() == 2 and ckpt.meta()["early_stopped"]["rule"] == "low_val_success"
+  ckpt.close()
+  again = trainer.train(config, workdir)             # the same command: still stopped
+  assert again == {"step": 2, "early_stopped": "low_val_success"}
+  with config.unlocked():
+    config.early_stop.low_val_success = "warn"       # the user chooses to go on
+  resumed = trainer.train(config, workdir)
+  assert resumed["step"] == 4 and "early_stopped" not in resumed
 
 
 def test_ctrl_c_saves_and_exits_cleanly(tmp_path):

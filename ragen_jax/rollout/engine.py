@@ -99,6 +99,8 @@ class Episode:
   valid_turns: int = 0
   context_truncated: bool = False
   last_reply_end: int = -1  # index in tokens of the last sampled token
+  reply_starts: List[int] = dataclasses.field(default_factory=list)  # first sampled token per turn
+  turn_rewards: List[float] = dataclasses.field(default_factory=list)  # env reward + penalty per turn
 
 
 @dataclasses.dataclass
@@ -301,6 +303,7 @@ class Rollout:
       for i in active:
         ep, n = eps[i], int(lengths_B[i])
         new = chunks[i][1:] if turn > 1 else chunks[i]
+        ep.reply_starts.append(len(ep.tokens) + len(new))
         ep.tokens += new + tokens_BxN[i, :n].tolist()
         ep.loss += [0] * len(new) + [1] * n
         ep.logprobs += [0.0] * len(new) + logprobs_BxN[i, :n].tolist()
@@ -328,6 +331,7 @@ class Rollout:
         ep.turns += 1
         ep.env_return += float(reward_B[i])
         ep.penalty += penalty
+        ep.turn_rewards.append(round(float(reward_B[i]) + penalty, 6))
         ep.num_actions += int(n_exec_B[i])
         ep.num_effective += int(n_eff_B[i])
         ep.valid_turns += not penalised[i]
@@ -397,6 +401,7 @@ class Rollout:
     summary.update({k: float(v) for k, v in stats.items()})
     episodes = [dict(messages=ep.messages, success=bool(ep.success),
                      reward=float(ep.env_return + ep.penalty), turns=ep.turns,
-                     group_id=int(group_ids[i]), context_truncated=ep.context_truncated)
+                     group_id=int(group_ids[i]), context_truncated=ep.context_truncated,
+                     turn_rewards=ep.turn_rewards, reply_starts=ep.reply_starts)
                 for i, ep in enumerate(eps)]
     return RolloutResult(batch, metrics, summary, episodes)

@@ -6,8 +6,9 @@
 
 Everything a run needs is checked here, before any compilation: environment names and options,
 render formats, model preset or checkpoint directory, rollout sizes, the StarPO settings
-(algos.PPOConfig), the warm start (train.sft.SFTConfig), the trainer's schedule, and that the
-training batch splits into minibatches and micro-batches.
+(algos.PPOConfig), the warm start (train.sft.SFTConfig), the trainer's schedule, the collapse
+diagnostics (CollapseConfig), the stopping rules (train.early_stop.EarlyStopConfig),
+and that the training batch splits into minibatches and micro-batches.
 """
 import dataclasses
 import os
@@ -17,7 +18,9 @@ from ragen_jax import algos
 from ragen_jax import envs
 from ragen_jax import models
 from ragen_jax import rollout as rollout_lib
+from ragen_jax.diagnostics import CollapseConfig
 from ragen_jax.envs import base as env_base
+from ragen_jax.train.early_stop import EarlyStopConfig
 from ragen_jax.train.sft import SFTConfig
 
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -122,6 +125,8 @@ class Experiment:
   sft: SFTConfig
   trainer: TrainerSpec
   seed: SeedSpec
+  diagnostics: CollapseConfig = CollapseConfig()
+  early_stop: EarlyStopConfig = EarlyStopConfig()
 
   @property
   def train_episodes(self) -> int:
@@ -204,13 +209,20 @@ def from_config(config) -> Experiment:
   _positive("trainer", trainer, ("eval_every", "save_every", "keep_checkpoints",
                                  "pad_multiple"))
   _positive("trainer", trainer, ("total_steps", "sample_trajectories"), minimum=0)
+  # Optional sections (runs saved before they existed): absent means the defaults.
+  diag_values = (_fields(CollapseConfig, config.diagnostics, "diagnostics")
+                 if "diagnostics" in config else {})
+  stop_values = (_fields(EarlyStopConfig, config.early_stop, "early_stop")
+                 if "early_stop" in config else {})
   try:
     ppo = algos.PPOConfig(**ppo_values, temperature=rollout.temperature)
     sft = SFTConfig(**sft_values)
+    diag = CollapseConfig(**diag_values)
+    early_stop = EarlyStopConfig(**stop_values)
   except (TypeError, ValueError) as e:
     _fail(str(e))
   exp = Experiment(env_specs, model, rollout, ppo, sft, trainer,
-                   SeedSpec(**_fields(SeedSpec, config.seed, "seed")))
+                   SeedSpec(**_fields(SeedSpec, config.seed, "seed")), diag, early_stop)
   try:
     ppo.check_batch(exp.train_episodes)
   except ValueError as e:

@@ -11,10 +11,17 @@ Validation (step 0 = the starting point, then every `eval_every` steps) plays th
 `seed.val + g` at the validation temperature. All randomness derives from (seed.init, step), so
 a resumed run replays exactly what the uninterrupted run would have done.
 
+Diagnostics (ragen_jax.diagnostics): every step the valid-thinking rate and reasoning lengths;
+at step 1 and every `diagnostics.compute_freq` steps RAGEN-2's MI family (`collapse/*`), on the
+unfiltered batch under the policy that sampled it, before the update. RAGEN's stopping rules
+(train.early_stop) watch every step and validation; a rule in "stop" mode saves and ends the run,
+and running the command again reports that instead of training on.
+
 Workdir: `checkpoints/<step>/` (orbax: actor, critic, optimizer states, step, base key; JSON
-meta with the config and seed counters), TensorBoard events, `eval/step_<s>.jsonl`
-trajectories. Running again resumes from the latest checkpoint. A non-finite loss stops the run
-(nothing is saved); Ctrl-C finishes the current step, saves and exits.
+meta with the config, seed counters, stopping-rule streaks and the MI z-score EMA), TensorBoard
+events, `eval/step_<s>.jsonl` trajectories and their pages `viewer/step_<s>.html`
+(ragen_jax.viewer). Running again resumes from the latest checkpoint. A non-finite loss stops
+the run (nothing is saved); Ctrl-C finishes the current step, saves and exits.
 """
 import dataclasses
 import os
@@ -31,9 +38,12 @@ import numpy as np
 
 from ragen_jax import algos
 from ragen_jax import checkpoints
+from ragen_jax import diagnostics
 from ragen_jax import logging_utils
 from ragen_jax import rollout as rollout_lib
+from ragen_jax import viewer
 from ragen_jax.batch import RolloutBatch
+from ragen_jax.train import early_stop as early_stop_lib
 from ragen_jax.train import experiment as experiment_lib
 from ragen_jax.train import policy as policy_lib
 from ragen_jax.train import sft as sft_lib
@@ -153,6 +163,9 @@ class _Run:
     self.val_engines = validation.engines(exp, self.tok)
     self.groups_per_step = sum(e.train_groups for e in exp.envs)
     self.train_step = algos.make_train_step(self.model, None, exp.ppo)
+    # Host-side run state beyond the TrainState, kept in checkpoint metadata.
+    self.monitor = early_stop_lib.Monitor(exp.early_stop)
+    self.collapse_ema: Dict[str, float] = {}
 
   # ------------------------------------------------------------------ state
 
@@ -182,13 +195,19 @@ class _Run:
         jax.random.key(0)))
     state, meta = self.ckpt.restore(like)
     step = int(meta["step"])
+    self.monitor = early_stop_lib.Monitor(self.exp.early_stop, meta.get("early_stop"))
+    self.collapse_ema = dict(meta.get("collapse_std_ema", {}))
+    self.stopped = meta.get("early_stopped")
     logging.info("resumed from %s at step %d", self.ckpt.directory, step)
     return state, step
 
-  def _save(self, state: RunState, step: int):
+  def _save(self, state: RunState, step: int, stopped: Optional[Dict[str, Any]] = None):
     meta = {"step": step, "config": self.config_json,
             "next_train_seed": self.exp.seed.train + step * self.groups_per_step,
-            "val_seed": self.exp.seed.val}
+            "val_seed": self.exp.seed.val, "early_stop": self.monitor.state,
+            "collapse_std_ema": self.collapse_ema}
+    if stopped:
+      meta["early_stopped"] = stopped
     self.ckpt.save(step, state, meta)
 
   # ------------------------------------------------------------------ pieces of a step
@@ -203,6 +222,33 @@ class _Run:
       seed += engine.config.env_groups
     return results
 
+  def _diagnostics(self, policy, results, step: int) -> Dict[str, float]:
+    """Reasoning metrics every step; RAGEN-2's MI family when due (on the unfiltered batch,
+    under the policy that sampled it, before the update)."""
+    if not self.exp.rollout.enable_think:
+      return {}
+    turns = diagnostics.collect_turns(results, self.tok)
+    metrics = diagnostics.step_metrics(turns)
+    if self.exp.diagnostics.due(step):
+      tic = time.perf_counter()
+      rng = np.random.default_rng([self.exp.seed.init, step, 0x4D49])
+      mi, self.collapse_ema = diagnostics.compute(
+          policy, turns, self.exp.diagnostics, rng, self.collapse_ema, pad_id=self.tok.pad_id,
+          temperature=self.exp.rollout.temperature)
+      metrics.update(mi)
+      metrics["timing_s/collapse_metrics"] = time.perf_counter() - tic
+    return metrics
+
+  def _early_events(self, events, metrics) -> Optional[Dict[str, Any]]:
+    """Logs fired rules into `metrics`; returns the first stopping one (as JSON) or None."""
+    stopped = None
+    for event in events:
+      metrics[event.metric] = 1.0
+      logging.warning("%s at step %d: %s", event.metric, event.step, event.message)
+      if event.stop and stopped is None:
+        stopped = {"rule": event.rule, "step": event.step, "message": event.message}
+    return stopped
+
   def _validate(self, state: RunState, step: int) -> Dict[str, float]:
     tic = time.perf_counter()
     metrics, episodes = validation.run(self.exp, self.val_engines, self._policy(state))
@@ -210,6 +256,9 @@ class _Run:
     if jax.process_index() == 0:
       path = os.path.join(self.workdir, "eval", f"step_{step}.jsonl")
       validation.write_jsonl(path, episodes)
+      viewer.write_html(os.path.join(self.workdir, "viewer", f"step_{step}.html"), episodes,
+                        title=f"{os.path.basename(os.path.abspath(self.workdir))}: validation at "
+                        f"step {step}")
       for tag in self.engines:
         samples = [e for e in episodes if e["env"] == tag][:self.exp.trainer.sample_trajectories]
         if samples:
@@ -221,14 +270,21 @@ class _Run:
   def loop(self, stop_after: Optional[int]) -> Dict[str, Any]:
     exp = self.exp
     total = exp.trainer.total_steps
+    self.stopped = None
     if self.ckpt.latest_step() is not None:
       state, start = self._restore()
     else:
       state, start = self._fresh_state(), 0
       val = self._validate(state, 0)
+      self.stopped = self._early_events(self.monitor.after_validation(0, val), val)
       self.writer.scalars(0, val)
       logging.info("step 0 (starting point): %s", _fmt(val))
-      self._save(state, 0)
+      self._save(state, 0, self.stopped)
+    if self.stopped and getattr(exp.early_stop, self.stopped["rule"]) == "stop":
+      logging.warning("the run was stopped early at step %d (%s: %s); to continue, set "
+                      "--config.early_stop.%s=warn or off", self.stopped["step"],
+                      self.stopped["rule"], self.stopped["message"], self.stopped["rule"])
+      return {"step": start, "early_stopped": self.stopped["rule"]}
     progress = logging_utils.Progress(max(total, 1), start_step=start,
                                       enabled=jax.process_index() == 0)
     last, step = {}, start
@@ -236,8 +292,10 @@ class _Run:
       for step in range(start + 1, total + 1):
         tic = time.perf_counter()
         step_key = jax.random.fold_in(state.key, step)
-        results = self._rollouts(self._policy(state), step_key, step)
+        policy = self._policy(state)
+        results = self._rollouts(policy, step_key, step)
         t_gen = time.perf_counter() - tic
+        diag = self._diagnostics(policy, results, step)
         batch = join_batches([r.batch for r in results.values()], exp.trainer.pad_multiple,
                              self.tok.pad_id)
         tic2 = time.perf_counter()
@@ -254,6 +312,7 @@ class _Run:
         state = state.replace(train=train_state)
         response = np.asarray(batch.loss_mask_BxT).sum(axis=1)
         metrics.update(rollout_metrics(results, "train"))
+        metrics.update(diag)
         metrics.update({
             "response_length/mean": float(response.mean()),
             "prompt_length/mean": float(np.asarray(batch.attention_mask_BxT).sum(1).mean()
@@ -262,8 +321,12 @@ class _Run:
             "train/seq_len": float(batch.tokens_BxT.shape[1]),
             "timing_s/gen": t_gen, "timing_s/update": t_update,
         })
+        events = self.monitor.after_step(step, metrics)
         if step % exp.trainer.eval_every == 0 or step == total:
-          metrics.update(self._validate(state, step))
+          val = self._validate(state, step)
+          metrics.update(val)
+          events += self.monitor.after_validation(step, val)
+        stopped = self._early_events(events, metrics)
         metrics["timing_s/step"] = time.perf_counter() - tic
         metrics["perf/throughput"] = float(np.asarray(batch.attention_mask_BxT).sum()
                                            ) / metrics["timing_s/step"]
@@ -271,8 +334,12 @@ class _Run:
         progress.update(step, metrics)
         last = metrics
         interrupted = stop.requested or (stop_after is not None and step - start >= stop_after)
-        if step % exp.trainer.save_every == 0 or step == total or interrupted:
-          self._save(state, step)
+        if step % exp.trainer.save_every == 0 or step == total or interrupted or stopped:
+          self._save(state, step, stopped)
+        if stopped:
+          logging.warning("stopping early after step %d (%s)", step, stopped["rule"])
+          last["early_stopped"] = stopped["rule"]
+          break
         if interrupted:
           logging.info("stopped after step %d; run the same command to resume", step)
           break

@@ -1,0 +1,140 @@
+"""Prefix-cached cross-scoring against full-sequence teacher forcing, and the (x, z) samplers."""
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ragen_jax import batch as batch_lib
+from ragen_jax import models
+from ragen_jax.diagnostics import scoring
+from ragen_jax.diagnostics import turns as turns_lib
+
+
+def _model(vocab=97):
+  config = models.get_config("tiny").replace(vocab_size=vocab, num_layers=2, hidden_size=64,
+                                            intermediate_size=128, num_heads=4, num_kv_heads=2,
+                                            head_dim=16)
+  return models.create(config, jax.random.key(3))
+
+
+def _reference(model, z, x):
+  """log p(z | x) by one plain forward over [x | z] (no cache, no padding)."""
+  seq = jnp.asarray([list(x) + list(z)], jnp.int32)
+  logits = model(seq)[0]
+  logp = jax.nn.log_softmax(logits, axis=-1)
+  return float(sum(logp[len(x) - 1 + k, tok] for k, tok in enumerate(z)))
+
+
+def test_cross_logprobs_equal_full_forward_teacher_forcing():
+  model = _model()
+  rng = np.random.default_rng(0)
+  prompts = [rng.integers(1, 97, size=n) for n in (1, 7, 40, 19)]
+  reasonings = [tuple(rng.integers(1, 97, size=n).tolist()) for n in (1, 5, 17)]
+  # micro_batch 4 over 12 pairs: three calls, the last one full; 5 forces a padded last call.
+  for micro in (4, 5):
+    logp, num = scoring.cross_logprobs(model, reasonings, prompts, pad_id=0, micro_batch=micro)
+    assert logp.shape == (3, 4) and num.tolist() == [1, 5, 17]
+    for i, z in enumerate(reasonings):
+      for j, x in enumerate(prompts):
+        assert logp[i, j] == pytest.approx(_reference(model, z, x), abs=2e-4), (i, j)
+
+
+def test_temperature_scales_the_scored_distribution():
+  model = _model()
+  x, z = np.arange(1, 12), (5, 6, 7)
+  hot, _ = scoring.cross_logprobs(model, [z], [x], pad_id=0, temperature=2.0)
+  seq = jnp.asarray([list(x) + list(z)], jnp.int32)
+  logp = jax.nn.log_softmax(model(seq)[0] / 2.0, axis=-1)
+  want = sum(float(logp[len(x) - 1 + k, t]) for k, t in enumerate(z))
+  assert hot[0, 0] == pytest.approx(want, abs=2e-4)
+
+
+def test_reasoning_text_extraction():
+  assert turns_lib.reasoning_text("<think> push the box </think><answer>Up</answer>") == \
+      "push the box"
+  assert turns_lib.reasoning_text("<think></think><answer>Up</answer>") == ""
+  assert turns_lib.reasoning_text("<think>never closed <answer>Up</answer>") == ""
+  assert turns_lib.reasoning_text("junk \x00\xff") == ""
+  assert turns_lib.reasoning_text("<think>a<|im_end|>b</think>") == "ab"
+
+
+class _CharTokenizer:
+  def encode(self, text):
+    return [ord(c) % 90 + 1 for c in text]
+
+
+def _fake_results():
+  """Two tags; sokoban: 2 groups x 2 episodes, bandit: 1 group x 2; hand-written replies."""
+  def result(rows, episodes):
+    width = max(len(r) for r in rows)
+    tokens = np.zeros((len(rows), width), np.int32)
+    mask = np.zeros((len(rows), width), np.int32)
+    for b, r in enumerate(rows):
+      tokens[b, width - len(r):] = r
+      mask[b, width - len(r):] = 1
+    zeros = np.zeros_like(tokens)
+    b = batch_lib.RolloutBatch(tokens, mask, zeros, zeros.astype(np.float32),
+                               zeros.astype(np.float32), np.zeros(len(rows), np.int32),
+                               np.zeros(len(rows), np.float32))
+    return types.SimpleNamespace(batch=b, episodes=episodes)
+
+  def ep(group, replies, starts):
+    msgs = [{"role": "system", "content": "s"}]
+    for r in replies:
+      msgs += [{"role": "user", "content": "u"}, {"role": "assistant", "content": r}]
+    return {"group_id": group, "messages": msgs, "reply_starts": starts}
+
+  ok, bad = "<think>go up</think><answer>Up</answer>", "<answer>Up</answer>"
+  soko_rows = [[1, 2, 3, 9, 9, 4, 5, 9], [1, 2, 3, 8, 8], [6, 7, 3, 9, 4, 5, 6, 9], [6, 7, 3, 8]]
+  soko = result(soko_rows, [ep(0, [ok, ok], [3, 6]), ep(0, [bad], [3]),
+                            ep(1, [ok, bad], [3, 6]), ep(1, [ok], [3])])
+  bandit = result([[1, 2, 3, 5], [1, 2, 3, 6]], [ep(0, [ok], [3]), ep(0, [bad], [3])])
+  return {"sokoban": soko, "bandit": bandit}
+
+
+def test_collect_turns_and_step_metrics():
+  turns = turns_lib.collect_turns(_fake_results(), _CharTokenizer())
+  assert len(turns) == 8
+  assert [t.episode for t in turns] == [0, 0, 1, 2, 2, 3, 4, 5]
+  assert turns[1].context.tolist() == [1, 2, 3, 9, 9, 4]   # up to the 2nd reply start
+  assert turns[0].group == ("sokoban", 0) and turns[6].group == ("bandit", 0)
+  assert turns[0].reasoning == tuple(_CharTokenizer().encode("go up"))
+  m = turns_lib.step_metrics(turns)
+  assert m["collapse/valid_thinking_rate"] == pytest.approx(5 / 8)
+  assert m["collapse/first_turn_num_total"] == 6 and m["collapse/first_turn_num_valid"] == 4
+  assert m["reasoning_length/mean"] == 5.0
+
+
+def test_first_turn_sample_uses_one_column_per_group_and_merges_identical_prompts():
+  turns = turns_lib.collect_turns(_fake_results(), _CharTokenizer())
+  s = turns_lib.first_turn_sample(turns, 64, np.random.default_rng(0))
+  # Valid first turns: episodes 0, 2, 3 (sokoban groups 0, 1, 1) and 4 (bandit group 0).
+  assert s.num_samples == 4
+  assert s.prompt_index.tolist() == [0, 1, 1, 2]
+  # sokoban group 0 and bandit group 0 have the same first prompt [1, 2, 3]: one column id.
+  assert s.column_ids.tolist() == [0, 1, 0]
+  small = turns_lib.first_turn_sample(turns, 2, np.random.default_rng(0))
+  assert small.num_samples == 2 and len(set(map(tuple, small.prompts))) == len(small.prompts)
+
+
+def test_multi_turn_sample_draws_valid_turns_each_its_own_column():
+  turns = turns_lib.collect_turns(_fake_results(), _CharTokenizer())
+  s = turns_lib.multi_turn_sample(turns, 200, np.random.default_rng(1))
+  assert s.num_samples == 200 and s.prompt_index.tolist() == list(range(200))
+  lengths = {len(p) for p in s.prompts}
+  assert lengths == {3, 6}   # first turns (3 tokens of context) and episode 0's second turn
+  # Episodes are drawn uniformly (4 valid ones), so episode 0's 2nd turn is ~1/8 of draws.
+  share = np.mean([len(p) == 6 for p in s.prompts])
+  assert 0.05 < share < 0.22
+  # Identical contexts share ids.
+  assert len(set(s.column_ids.tolist())) == len({p.tobytes() for p in s.prompts})
+
+
+def test_samplers_return_none_without_valid_reasoning():
+  turns = [t for t in turns_lib.collect_turns(_fake_results(), _CharTokenizer())
+           if not t.reasoning]
+  assert turns_lib.first_turn_sample(turns, 8, np.random.default_rng(0)) is None
+  assert turns_lib.multi_turn_sample(turns, 8, np.random.default_rng(0)) is None
+  assert turns_lib.step_metrics(turns)["collapse/valid_thinking_rate"] == 0.0
