@@ -24,5 +24,6 @@ def get_config(arg=None):
                                       pad_multiple=512)
   config.diagnostics = cs.diagnostics_section()
   config.early_stop = cs.early_stop_section()
+  config.mesh = cs.mesh_section()
   config.seed = cs.seed_section()
   return cs.apply_variant(config, arg)

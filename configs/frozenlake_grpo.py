@@ -21,5 +21,6 @@ def get_config(arg=None):
   config.trainer = cs.trainer_section(total_steps=40, eval_every=10, save_every=10)
   config.diagnostics = cs.diagnostics_section()
   config.early_stop = cs.early_stop_section()
+  config.mesh = cs.mesh_section()
   config.seed = cs.seed_section()
   return cs.apply_variant(config, arg)

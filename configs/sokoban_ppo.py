@@ -30,5 +30,6 @@ def get_config(arg=None):
   config.trainer = cs.trainer_section(total_steps=15, eval_every=5, save_every=5)
   config.diagnostics = cs.diagnostics_section()
   config.early_stop = cs.early_stop_section()
+  config.mesh = cs.mesh_section()
   config.seed = cs.seed_section()
   return cs.apply_variant(config, arg)

@@ -22,5 +22,6 @@ def get_config(arg=None):
   config.trainer = cs.trainer_section(total_steps=0)
   config.diagnostics = cs.diagnostics_section()
   config.early_stop = cs.early_stop_section()
+  config.mesh = cs.mesh_section()
   config.seed = cs.seed_section()
   return cs.apply_variant(config, arg)

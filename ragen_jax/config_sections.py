@@ -76,7 +76,8 @@ def model_section() -> ml_collections.ConfigDict:
   model.warm_start = True              # tiny preset: start from the shipped fine-tuned weights
                                        # (ragen_jax/assets/tiny_warm_start, configs/warm_start_sft.py)
   model.tokenizer = "sentencepiece"    # without a checkpoint (or one lacking tokenizer.json)
-  model.dtype = "float32"              # activation / parameter dtype
+  model.dtype = "float32"              # activation dtype (parameters stay float32)
+  model.remat = False                  # recompute each layer in the backward pass (memory)
   return model
 
 
@@ -211,6 +212,31 @@ def early_stop_section(**overrides) -> ml_collections.ConfigDict:
   return stop
 
 
+def mesh_section(**overrides) -> ml_collections.ConfigDict:
+  """The device mesh (ragen_jax.sharding): sizes of its three axes and the logical-axis rules."""
+  mesh = ml_collections.ConfigDict()
+  mesh.data = -1                       # pure data parallelism (-1: every device fsdp x tensor
+                                       # leave; one CPU gives a 1 x 1 x 1 mesh)
+  mesh.fsdp = 1                        # data parallelism that also splits parameters and
+                                       # optimizer states
+  mesh.tensor = 1                      # query/key-value heads, MLP and vocabulary split
+  # Logical axis -> mesh axes ("a,b"; "" = replicated). Parameters, optimizer states, the KV
+  # cache and batches carry these names.
+  mesh.rules = ml_collections.ConfigDict({
+      "batch": "data,fsdp",            # episodes of a batch
+      "length": "",                    # sequence / cache positions
+      "layers": "",                    # the stacked-layer axis
+      "embed": "fsdp",                 # hidden size (FSDP splits parameters along it)
+      "heads": "tensor",               # query heads
+      "kv_heads": "tensor",            # key/value heads (and the KV cache)
+      "head_dim": "",
+      "mlp": "tensor",                 # MLP hidden size
+      "vocab": "tensor",               # vocabulary rows of embedding and head
+  })
+  mesh.update(overrides)
+  return mesh
+
+
 def seed_section() -> ml_collections.ConfigDict:
   seed = ml_collections.ConfigDict()
   seed.train = 10000                   # first training level seed (advances by groups per step)
@@ -219,7 +245,16 @@ def seed_section() -> ml_collections.ConfigDict:
   return seed
 
 
-VARIANTS = ("smoke", "debug", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b")
+_QWEN = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b")
+# Accelerator variants (`:qwen2.5-3b-h100`): the mesh, and what makes the update fit the card's
+# memory (model.remat, ppo.micro_batches, a critic sharing the actor's trunk for 3B); the run
+# prints its memory estimate at start (ragen_jax/train/memory.py).
+HARDWARE = {
+    "h100": dict(devices=1, memory_gib=80),    # one H100 80 GB
+    "v5e8": dict(devices=8, memory_gib=16),    # TPU v5e-8: 8 chips x 16 GB, fsdp over all 8
+}
+VARIANTS = ("smoke", "debug", *_QWEN,
+            *(f"{q}-{h}" for q in ("qwen2.5-0.5b", "qwen2.5-3b") for h in HARDWARE))
 
 
 def apply_variant(config: ml_collections.ConfigDict, arg) -> ml_collections.ConfigDict:
@@ -251,8 +286,10 @@ def apply_variant(config: ml_collections.ConfigDict, arg) -> ml_collections.Conf
     config.diagnostics.compute_freq = 2
     config.diagnostics.num_samples = 4
     config.diagnostics.multi_turn_samples = 4
-  elif arg and arg.startswith("qwen2.5-") and arg in VARIANTS:
-    config.model.preset = arg
+  elif arg in VARIANTS and arg.startswith("qwen2.5-"):
+    preset, _, hardware = arg.partition("b-")
+    preset = preset + "b" if hardware else arg
+    config.model.preset = preset
     config.model.tokenizer = "qwen2.5"
     config.model.dtype = "bfloat16"
     config.diagnostics.multi_turn_samples = 64
@@ -263,9 +300,26 @@ def apply_variant(config: ml_collections.ConfigDict, arg) -> ml_collections.Conf
     config.rollout.max_context = 3600
     config.rollout.group_size = 16
     config.trainer.pad_multiple = 512
+    if hardware:
+      _hardware_variant(config, preset, hardware)
   elif arg:
     raise ValueError(f"unknown config variant {arg!r}; valid: {', '.join(VARIANTS)}")
   return config
+
+
+def _hardware_variant(config, preset: str, hardware: str) -> None:
+  """Sizes for one H100 or a TPU v5e-8 (`HARDWARE`); chosen with the memory estimate."""
+  config.model.remat = True            # a [U, 3600, D] residual per layer instead of all internals
+  if hardware == "v5e8":
+    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, 8, 1
+  episodes = sum(e.train_groups for e in config.envs.values()) * config.rollout.group_size
+  per_minibatch = episodes // config.ppo.num_minibatches
+  config.ppo.micro_batches = max(1, per_minibatch // 8)   # 8 sequences per micro-batch
+  if preset == "qwen2.5-3b":
+    # fp32 parameters + AdamW moments of a 3B actor take ~50 GB; a second, separate 3B critic
+    # would not fit 80 GB (or 8 x 16 GB): the value head shares the actor's trunk instead.
+    config.ppo.critic = "shared"
+    config.ppo.vf_coef = 0.1
 
 
 def check_overrides(config: ml_collections.ConfigDict, argv) -> None:

@@ -105,7 +105,7 @@ def _shift_right(x_BxT):
 
 
 def make_train_step(actor_model, critic_model, cfg: PPOConfig, ref_model=None, jit=True,
-                    actor_tx=None, critic_tx=None, compiler_options=None):
+                    actor_tx=None, critic_tx=None, compiler_options=None, out_shardings=None):
   """Returns `train_step(state, batch, key) -> (state, metrics)`, jitted with the state donated.
 
   Args:
@@ -114,6 +114,8 @@ def make_train_step(actor_model, critic_model, cfg: PPOConfig, ref_model=None, j
     jit: False returns the plain Python function (for tests and debugging).
     actor_tx, critic_tx: optimizer overrides, as given to init_train_state.
     compiler_options: passed to jax.jit (e.g. a lower XLA optimisation level in tests).
+    out_shardings: passed to jax.jit: (state shardings, metrics sharding) on a mesh, so the
+      state keeps its layout from step to step (and donation reuses its buffers).
   """
   actor_gd, _, actor_rest = nnx.split(actor_model, nnx.Param, ...)
   ref_gd, _, ref_rest = nnx.split(ref_model if ref_model is not None else actor_model,
@@ -319,7 +321,8 @@ def make_train_step(actor_model, critic_model, cfg: PPOConfig, ref_model=None, j
 
   if not jit:
     return train_step
-  return jax.jit(train_step, donate_argnums=(0,), compiler_options=compiler_options)
+  return jax.jit(train_step, donate_argnums=(0,), compiler_options=compiler_options,
+                 out_shardings=out_shardings)
 
 
 def actor_module(actor_model, state: TrainState):

@@ -17,6 +17,7 @@ import os
 from typing import Callable, Iterator
 
 from flax import nnx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from safetensors import safe_open
@@ -96,17 +97,26 @@ class _TensorReader:
     return handle.get_tensor(name)
 
 
-def _fill(var: nnx.Variable, build: Callable[[np.ndarray], None],
-          dtype) -> None:
-  """Builds one parameter in a host buffer and moves it to the device."""
+def _fill(var: nnx.Variable, build: Callable[[np.ndarray], None], dtype,
+          sharding=None) -> None:
+  """Builds one parameter in a host buffer and moves it to the device(s).
+
+  With `sharding` (logical axes -> jax Sharding) each device receives only its
+  slice (`make_array_from_callback`), so no device ever holds the whole tensor.
+  """
   buf = np.empty(var.shape, dtype=dtype)
   build(buf)
-  var.set_value(jnp.asarray(buf))
+  if sharding is None:
+    var.set_value(jnp.asarray(buf))
+  else:
+    target = sharding(tuple(var.get_metadata().get("out_sharding") or ()))
+    var.set_value(jax.make_array_from_callback(buf.shape, target,
+                                               lambda index: buf[index]))
   del buf
 
 
 def load_hf(path: str, dtype=jnp.float32, param_dtype=None, *,
-            critic: bool = False) -> Qwen2 | Qwen2Critic:
+            critic: bool = False, sharding=None, remat: bool = False) -> Qwen2 | Qwen2Critic:
   """Loads a local Hugging Face Qwen2 / Qwen2.5 checkpoint directory.
 
   Args:
@@ -115,6 +125,9 @@ def load_hf(path: str, dtype=jnp.float32, param_dtype=None, *,
     dtype: activation dtype.
     param_dtype: parameter dtype; defaults to `dtype`.
     critic: return a Qwen2Critic (decoder from the checkpoint, zero value head).
+    sharding: optional `logical axes -> jax Sharding` (sharding.Sharder.named):
+      every tensor is placed straight into its sharding.
+    remat: rematerialise each layer in the backward pass.
 
   Returns:
     The Qwen2 (or Qwen2Critic) module with the checkpoint's weights.
@@ -125,7 +138,7 @@ def load_hf(path: str, dtype=jnp.float32, param_dtype=None, *,
   with open(os.path.join(path, "config.json")) as fp:
     hf_config = json.load(fp)
   param_dtype = dtype if param_dtype is None else param_dtype
-  config = ModelConfig.from_hf_dict(hf_config, dtype=dtype,
+  config = ModelConfig.from_hf_dict(hf_config, dtype=dtype, remat=remat,
                                     param_dtype=param_dtype)
   cls = Qwen2Critic if critic else Qwen2
   model = nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0)))
@@ -136,22 +149,23 @@ def load_hf(path: str, dtype=jnp.float32, param_dtype=None, *,
     reader = _TensorReader(path, stack)
     dec = model.decoder
     v, d = c.vocab_size, c.hidden_size
-    _fill(dec.embedding, lambda b: b.__setitem__(
-        ..., reader.get("model.embed_tokens.weight", (v, d))), np_dtype)
-    _fill(dec.final_norm, lambda b: b.__setitem__(
-        ..., reader.get("model.norm.weight", (d,))), np_dtype)
+    fill = lambda var, build, dt=np_dtype: _fill(var, build, dt, sharding)
+    fill(dec.embedding, lambda b: b.__setitem__(
+        ..., reader.get("model.embed_tokens.weight", (v, d))))
+    fill(dec.final_norm, lambda b: b.__setitem__(
+        ..., reader.get("model.norm.weight", (d,))))
     for ours, suffix, shape, to_ours, _ in _layer_specs(c):
       def build(buf, suffix=suffix, shape=shape, to_ours=to_ours):
         for i in range(c.num_layers):
           buf[i] = to_ours(reader.get(f"model.layers.{i}.{suffix}", shape))
-      _fill(getattr(dec.layers, ours), build, np_dtype)
+      fill(getattr(dec.layers, ours), build)
     if critic:
-      model.value_kernel.set_value(jnp.zeros((d,), jnp.float32))
-      model.value_bias.set_value(jnp.zeros((), jnp.float32))
+      fill(model.value_kernel, lambda b: b.fill(0), np.float32)
+      fill(model.value_bias, lambda b: b.fill(0), np.float32)
       reader.unused.discard("lm_head.weight")
     elif not c.tie_word_embeddings:
-      _fill(model.lm_head, lambda b: b.__setitem__(
-          ..., reader.get("lm_head.weight", (v, d)).T), np_dtype)
+      fill(model.lm_head, lambda b: b.__setitem__(
+          ..., reader.get("lm_head.weight", (v, d)).T))
     else:
       # Some tied checkpoints also store the (identical) head; it is unused.
       reader.unused.discard("lm_head.weight")

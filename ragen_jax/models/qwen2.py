@@ -294,13 +294,15 @@ class Qwen2Critic(nnx.Module):
 
 
 def create(name_or_config: str | ModelConfig, key: jax.Array, *,
-           critic: bool = False, **overrides) -> Qwen2 | Qwen2Critic:
+           critic: bool = False, sharding=None, **overrides) -> Qwen2 | Qwen2Critic:
   """Builds a randomly initialised model.
 
   Args:
     name_or_config: a preset name (see `PRESETS`) or a ModelConfig.
     key: PRNG key for the parameters.
     critic: build a Qwen2Critic instead of the causal LM.
+    sharding: optional `logical axes -> jax Sharding` (e.g. `sharding.Sharder.named`): each
+      parameter is created directly in its sharding, never whole on one device.
     **overrides: ModelConfig fields to replace (e.g. dtype=jnp.bfloat16).
 
   Returns:
@@ -310,15 +312,23 @@ def create(name_or_config: str | ModelConfig, key: jax.Array, *,
             else name_or_config)
   if overrides:
     config = config.replace(**overrides)
-  graphdef, init = _initialiser(Qwen2Critic if critic else Qwen2, config)
+  graphdef, init = _initialiser(Qwen2Critic if critic else Qwen2, config, sharding)
   return nnx.merge(graphdef, init(key))
 
 
+def variable_shardings(abstract_state, sharding):
+  """The state's tree with each Variable's value replaced by `sharding(its logical axes)`."""
+  return jax.tree.map(
+      lambda v: v.replace(sharding(tuple(v.get_metadata().get("out_sharding") or ()))),
+      abstract_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
 @functools.lru_cache(maxsize=16)
-def _initialiser(cls, config: ModelConfig):
+def _initialiser(cls, config: ModelConfig, sharding=None):
   """(graphdef, jitted key -> state), cached so repeated creates never recompile."""
-  graphdef, _ = nnx.split(nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0))))
-  init = jax.jit(lambda k: nnx.state(cls(config, rngs=nnx.Rngs(params=k))))
+  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0))))
+  out = None if sharding is None else variable_shardings(abstract, sharding)
+  init = jax.jit(lambda k: nnx.state(cls(config, rngs=nnx.Rngs(params=k))), out_shardings=out)
   return graphdef, init
 
 

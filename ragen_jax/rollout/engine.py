@@ -143,10 +143,17 @@ def _env_functions(env):
 class Rollout:
   """Plays `env_groups x group_size` episodes of `env` with an LLM; see the module doc."""
 
-  def __init__(self, env, tokenizer: tok_base.Tokenizer, config: RolloutConfig):
+  def __init__(self, env, tokenizer: tok_base.Tokenizer, config: RolloutConfig, sharder=None):
     self.env, self.tok, self.config = env, tokenizer, config
     c = config
     self.batch_size = c.env_groups * c.group_size
+    # On a mesh (sharding.Sharder) the KV cache is split over episodes and kv heads. The
+    # environments are host-sized work: they stay on this process's first device, and their
+    # keys are copied there (jit refuses arguments committed to different device sets).
+    self.sharder = sharder
+    if sharder is not None:
+      sharder.check_batch(f"the rollout batch ({c.env_groups} groups x {c.group_size})",
+                          self.batch_size)
     # History + new tokens of a row never exceed max_context; the shared write offset adds at
     # most one bucketed user turn (and a bucketed first prompt stays within 255 of its size).
     self.capacity = (-(-c.max_context // 256) * 256
@@ -185,6 +192,8 @@ class Rollout:
     c, b = self.config, self.batch_size
     graphdef, params = nnx.split(model)
     cache = models.init_cache(model.config, b, self.capacity)
+    if self.sharder is not None:
+      cache = jax.device_put(cache, self.sharder.cache(cache))
 
     def respond(turn, ids_BxC, mask_BxC, active_B, host, eps, key):
       del host, eps
@@ -237,6 +246,8 @@ class Rollout:
 
     tic = time.perf_counter()
     group_keys = jax.vmap(jax.random.key)(seed + jnp.arange(c.env_groups))
+    to_env = ((lambda k: k) if self.sharder is None
+              else (lambda k: jax.device_put(k, jax.local_devices()[0])))
     states = self._reset(jnp.repeat(group_keys, c.group_size, axis=0))
     host = jax.device_get(states)
     texts = [self._render(host, i) for i in range(b)]
@@ -321,7 +332,8 @@ class Rollout:
 
       tic = time.perf_counter()
       key, sub = jax.random.split(key)
-      states, reward_B, n_exec_B, n_eff_B, success_B = self._step(states, actions_BxA, sub)
+      states, reward_B, n_exec_B, n_eff_B, success_B = self._step(states, actions_BxA,
+                                                                  to_env(sub))
       host, reward_B, n_exec_B, n_eff_B, success_B = jax.device_get(
           (states, reward_B, n_exec_B, n_eff_B, success_B))
       env_done = np.asarray(host.done)

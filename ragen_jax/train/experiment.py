@@ -7,8 +7,10 @@
 Everything a run needs is checked here, before any compilation: environment names and options,
 render formats, model preset or checkpoint directory, rollout sizes, the StarPO settings
 (algos.PPOConfig), the warm start (train.sft.SFTConfig), the trainer's schedule, the collapse
-diagnostics (CollapseConfig), the stopping rules (train.early_stop.EarlyStopConfig),
-and that the training batch splits into minibatches and micro-batches.
+diagnostics (diagnostics.CollapseConfig), the stopping rules (train.early_stop.EarlyStopConfig),
+the mesh (sharding.MeshSpec), and that the training batch splits into minibatches and
+micro-batches. What depends on the devices present (the mesh's shape, sizes that must divide it)
+is checked by `sharding.Sharder` when the run starts, still before anything compiles.
 """
 import dataclasses
 import os
@@ -20,6 +22,7 @@ from ragen_jax import models
 from ragen_jax import rollout as rollout_lib
 from ragen_jax.diagnostics import CollapseConfig
 from ragen_jax.envs import base as env_base
+from ragen_jax.sharding import MeshSpec
 from ragen_jax.train.early_stop import EarlyStopConfig
 from ragen_jax.train.sft import SFTConfig
 
@@ -97,6 +100,7 @@ class ModelSpec:
   warm_start: bool
   tokenizer: str
   dtype: str
+  remat: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +131,7 @@ class Experiment:
   seed: SeedSpec
   diagnostics: CollapseConfig = CollapseConfig()
   early_stop: EarlyStopConfig = EarlyStopConfig()
+  mesh: MeshSpec = MeshSpec()
 
   @property
   def train_episodes(self) -> int:
@@ -214,15 +219,19 @@ def from_config(config) -> Experiment:
                  if "diagnostics" in config else {})
   stop_values = (_fields(EarlyStopConfig, config.early_stop, "early_stop")
                  if "early_stop" in config else {})
+  mesh_values = (_fields(MeshSpec, config.mesh, "mesh") if "mesh" in config else {})
+  if "rules" in mesh_values and hasattr(mesh_values["rules"], "to_dict"):
+    mesh_values["rules"] = mesh_values["rules"].to_dict()
   try:
     ppo = algos.PPOConfig(**ppo_values, temperature=rollout.temperature)
     sft = SFTConfig(**sft_values)
     diag = CollapseConfig(**diag_values)
     early_stop = EarlyStopConfig(**stop_values)
+    mesh = MeshSpec(**mesh_values)
   except (TypeError, ValueError) as e:
     _fail(str(e))
   exp = Experiment(env_specs, model, rollout, ppo, sft, trainer,
-                   SeedSpec(**_fields(SeedSpec, config.seed, "seed")), diag, early_stop)
+                   SeedSpec(**_fields(SeedSpec, config.seed, "seed")), diag, early_stop, mesh)
   try:
     ppo.check_batch(exp.train_episodes)
   except ValueError as e:

@@ -5,6 +5,7 @@ present); the tiny preset's shipped warm start (`model.warm_start`: the weights
 configs/warm_start_sft.py fine-tuned on expert demonstrations, in ragen_jax/assets); or the
 preset initialised from `seed.init`.
 """
+import json
 import os
 
 from absl import logging
@@ -18,19 +19,39 @@ WARM_START_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "asset
                               "tiny_warm_start")
 
 
-def build(exp):
-  """(model, tokenizer) for `exp.model` (an experiment.ModelSpec inside `exp`)."""
+def model_config(exp) -> models.ModelConfig:
+  """The policy's architecture, known before any weight is read (for the mesh checks)."""
+  checkpoint = exp.model.checkpoint
+  if checkpoint is None and exp.model.warm_start:
+    checkpoint = WARM_START_DIR
+  if checkpoint is None:
+    return models.get_config(exp.model.preset)
+  with open(os.path.join(checkpoint, "config.json")) as fp:
+    return models.ModelConfig.from_hf_dict(json.load(fp))
+
+
+def build(exp, sharder=None):
+  """(model, tokenizer) for `exp.model` (an experiment.ModelSpec inside `exp`).
+
+  With a `sharding.Sharder`, the model's sizes are checked against the mesh first and every
+  parameter is created or loaded directly into its sharding.
+  """
   spec = exp.model
   dtype = jnp.dtype(spec.dtype)
   checkpoint = spec.checkpoint
   if checkpoint is None and spec.warm_start:
     checkpoint = WARM_START_DIR
+  shard = None
+  if sharder is not None:
+    sharder.check_model(model_config(exp))
+    shard = sharder.named
   if checkpoint is None:
     model = models.create(spec.preset, jax.random.key(exp.seed.init), dtype=dtype,
-                          param_dtype=jnp.float32)
+                          param_dtype=jnp.float32, sharding=shard, remat=spec.remat)
     tok = tokenizers.load(spec.tokenizer)
   else:
-    model = models.load_hf(checkpoint, dtype=dtype, param_dtype=jnp.float32)
+    model = models.load_hf(checkpoint, dtype=dtype, param_dtype=jnp.float32, sharding=shard,
+                           remat=spec.remat)
     if os.path.exists(os.path.join(checkpoint, "tokenizer.json")):
       tok = tokenizers.load(checkpoint)
     else:

@@ -41,10 +41,12 @@ from ragen_jax import checkpoints
 from ragen_jax import diagnostics
 from ragen_jax import logging_utils
 from ragen_jax import rollout as rollout_lib
+from ragen_jax import sharding
 from ragen_jax import viewer
 from ragen_jax.batch import RolloutBatch
 from ragen_jax.train import early_stop as early_stop_lib
 from ragen_jax.train import experiment as experiment_lib
+from ragen_jax.train import memory
 from ragen_jax.train import policy as policy_lib
 from ragen_jax.train import sft as sft_lib
 from ragen_jax.train import validation
@@ -157,12 +159,22 @@ class _Run:
   def __init__(self, exp, config, workdir, writer, ckpt):
     self.exp, self.workdir, self.writer, self.ckpt = exp, workdir, writer, ckpt
     self.config_json = _config_json(config)
-    self.model, self.tok = policy_lib.build(exp)
+    # The mesh first: every size it must divide is checked before anything compiles.
+    self.sharder = sharding.Sharder(exp.mesh)
+    logging.info("mesh %s over %d devices", dict(self.sharder.mesh.shape), jax.device_count())
+    self.sharder.check_batch("the training batch (episodes per step)", exp.train_episodes)
+    self.model, self.tok = policy_lib.build(exp, self.sharder)
+    logging.info("%s", memory.describe(memory.estimate(exp, self.model.config, self.sharder),
+                                       memory.device_bytes()))
     self.engines = {e.tag: rollout_lib.Rollout(e.make(), self.tok, e.rollout_config(
-        exp.rollout, validation=False)) for e in exp.envs}
-    self.val_engines = validation.engines(exp, self.tok)
+        exp.rollout, validation=False), self.sharder) for e in exp.envs}
+    self.val_engines = validation.engines(exp, self.tok, self.sharder)
     self.groups_per_step = sum(e.train_groups for e in exp.envs)
-    self.train_step = algos.make_train_step(self.model, None, exp.ppo)
+    like = jax.eval_shape(lambda: self._new_state(jax.random.key(0)))
+    self.state_sharding = self.sharder.tree(like)
+    self.train_step = algos.make_train_step(
+        self.model, None, exp.ppo,
+        out_shardings=(self.state_sharding.train, self.sharder.replicated))
     # Host-side run state beyond the TrainState, kept in checkpoint metadata.
     self.monitor = early_stop_lib.Monitor(exp.early_stop)
     self.collapse_ema: Dict[str, float] = {}
@@ -177,23 +189,27 @@ class _Run:
       for e in self.exp.envs:
         rc = e.rollout_config(self.exp.rollout, validation=False)
         rc = dataclasses.replace(rc, env_groups=rc.env_groups * rc.group_size, group_size=1)
-        sft_engines[e.tag] = rollout_lib.Rollout(e.make(), self.tok, rc)
+        sft_engines[e.tag] = rollout_lib.Rollout(e.make(), self.tok, rc, self.sharder)
       logging.info("warm start: %d steps of supervised fine-tuning on expert demonstrations "
                    "(%.0f%% random actions)", self.exp.sft.steps, 100 * self.exp.sft.random_prob)
       self.model, _ = sft_lib.finetune(
           self.model, sft_engines, self.exp.sft,
           log=lambda i, m: (self.writer.scalars(i, m),
                             logging.info("sft step %d: %s", i, _fmt(m))))
-    key = jax.random.key(self.exp.seed.init)
+    return jax.device_put(self._new_state(jax.random.key(self.exp.seed.init)),
+                          self.state_sharding)
+
+  def _new_state(self, key) -> RunState:
     train_state = algos.init_train_state(self.model, None, self.exp.ppo,
                                          jax.random.fold_in(key, 1))
     return RunState(train_state, key)
 
   def _restore(self) -> tuple[RunState, int]:
-    like = jax.eval_shape(lambda: RunState(
-        algos.init_train_state(self.model, None, self.exp.ppo, jax.random.key(0)),
-        jax.random.key(0)))
-    state, meta = self.ckpt.restore(like)
+    like = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                        jax.eval_shape(lambda: self._new_state(jax.random.key(0))),
+                        self.state_sharding)
+    state, meta = self.ckpt.restore(like)   # arrays restored straight into their shardings
+    state = jax.device_put(state, self.state_sharding)  # (the raw key data is not)
     step = int(meta["step"])
     self.monitor = early_stop_lib.Monitor(self.exp.early_stop, meta.get("early_stop"))
     self.collapse_ema = dict(meta.get("collapse_std_ema", {}))
@@ -298,6 +314,7 @@ class _Run:
         diag = self._diagnostics(policy, results, step)
         batch = join_batches([r.batch for r in results.values()], exp.trainer.pad_multiple,
                              self.tok.pad_id)
+        batch = jax.device_put(batch, self.sharder.batch_tree(batch))
         tic2 = time.perf_counter()
         train_state, metrics = self.train_step(state.train, batch, jax.random.fold_in(
             step_key, 1000003))

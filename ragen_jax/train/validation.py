@@ -18,9 +18,9 @@ import numpy as np
 from ragen_jax import rollout as rollout_lib
 
 
-def engines(exp, tokenizer) -> Dict[str, rollout_lib.Rollout]:
+def engines(exp, tokenizer, sharder=None) -> Dict[str, rollout_lib.Rollout]:
   return {e.tag: rollout_lib.Rollout(e.make(validation=True), tokenizer,
-                                     e.rollout_config(exp.rollout, validation=True))
+                                     e.rollout_config(exp.rollout, validation=True), sharder)
           for e in exp.envs}
 
 

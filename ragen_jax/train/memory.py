@@ -1,0 +1,94 @@
+"""A per-device memory estimate of a run, printed at start (before anything is allocated).
+
+Terms (bytes per device, the mesh dividing what it shards):
+  params       actor parameters (param_dtype), split over the axes of their logical names
+  optimizer    AdamW's two moments (float32) plus the gradient of one micro-batch (float32)
+  critic       the separate critic's parameters, moments and gradient (0 for GRPO / shared)
+  reference    the frozen reference policy (only with the KL loss)
+  kv_cache     the rollout's cache: L x B x S x K x Dh x 2 (k and v), B over data x fsdp and K
+               over the tensor axis
+  activations  the train step's live activations for one micro-batch of U sequences of T tokens:
+               with `remat` one [U, T, D] residual per layer plus one layer's internals
+               (~(4D + 2F + 2·H·Dh) per token); without it every layer's internals
+               (~(10D + 3F + 3·H·Dh) per token per layer, a coarse count of what the backward pass
+               keeps), plus the log-prob pass's [U, T, vocab_chunk] float32 logits chunk
+It is an estimate for choosing micro_batches, remat and the mesh, not an allocator's ledger:
+XLA's fusion and temporaries add ~10-30%.
+"""
+from typing import Dict
+
+import numpy as np
+
+from ragen_jax import models
+
+GIB = 2.0 ** 30
+
+
+def _sharded(shape_logical, sharder) -> float:
+  """Elements of one device's shard of an array with these (size, logical axis) dimensions."""
+  return float(np.prod([-(-size // sharder.size(name)) for size, name in shape_logical]))
+
+
+def param_elements(c: models.ModelConfig, sharder) -> float:
+  """One device's share of the causal LM's parameter elements."""
+  l, d, h, k, dh, f, v = (c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
+                          c.intermediate_size, c.vocab_size)
+  per = lambda *dims: _sharded(dims, sharder)
+  total = (per((l, "layers"), (d, "embed"), (h, "heads"), (dh, "head_dim")) * 2      # q, o
+           + per((l, "layers"), (d, "embed"), (k, "kv_heads"), (dh, "head_dim")) * 2  # k, v
+           + per((l, "layers"), (d, "embed"), (f, "mlp")) * 3
+           + per((l, "layers"), (h, "heads"), (dh, "head_dim"))
+           + 2 * per((l, "layers"), (k, "kv_heads"), (dh, "head_dim"))
+           + 2 * per((l, "layers"), (d, "embed"))
+           + per((v, "vocab"), (d, "embed")) * (1 if c.tie_word_embeddings else 2)
+           + per((d, "embed")))
+  return total
+
+
+def estimate(exp, config: models.ModelConfig, sharder) -> Dict[str, float]:
+  """Bytes per device of each term (see the module doc) and their total."""
+  c, ppo, r = config, exp.ppo, exp.rollout
+  pbytes = np.dtype(c.param_dtype).itemsize
+  abytes = np.dtype(c.dtype).itemsize
+  n_param = param_elements(c, sharder)
+  out = {"params": n_param * pbytes, "optimizer": n_param * 12.0}
+  out["critic"] = n_param * (pbytes + 12.0) if ppo.uses_critic and ppo.critic == "separate" else 0
+  out["reference"] = n_param * pbytes if ppo.use_kl_loss else 0.0
+  batch = max(e.train_groups for e in exp.envs) * r.group_size
+  capacity = r.max_context + r.max_turn_tokens
+  out["kv_cache"] = (_sharded(((c.num_layers, "layers"), (batch, "batch"), (capacity, "length"),
+                               (c.num_kv_heads, "kv_heads"), (c.head_dim, "head_dim")), sharder)
+                     * 2 * abytes)
+  micro = exp.train_episodes // (ppo.num_minibatches * ppo.micro_batches)
+  tokens = _sharded(((micro, "batch"),), sharder) * r.max_context
+  d, f, hdh = c.hidden_size, c.intermediate_size, c.num_heads * c.head_dim
+  if c.remat:
+    per_token = c.num_layers * d + (4 * d + 2 * f + 2 * hdh)
+  else:
+    per_token = c.num_layers * (10 * d + 3 * f + 3 * hdh)
+  models_trained = 2 if out["critic"] else 1
+  out["activations"] = (tokens * per_token * abytes * models_trained
+                        + tokens * min(ppo.vocab_chunk, c.vocab_size) * 4)
+  out["total"] = sum(out.values())
+  return out
+
+
+def describe(estimate_bytes: Dict[str, float], device_bytes: float | None) -> str:
+  parts = ", ".join(f"{k} {v / GIB:.2f}" for k, v in estimate_bytes.items() if k != "total")
+  line = f"memory per device (estimate, GiB): {parts}; total {estimate_bytes['total'] / GIB:.2f}"
+  if device_bytes:
+    share = estimate_bytes["total"] / device_bytes
+    line += f" of {device_bytes / GIB:.1f} ({100 * share:.0f}%)"
+    if share > 0.9:
+      line += " -- likely out of memory: raise ppo.micro_batches, set model.remat, or shard more"
+  return line
+
+
+def device_bytes() -> float | None:
+  """The first local device's memory limit, where the platform reports one (GPU, TPU)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  try:
+    stats = jax.local_devices()[0].memory_stats() or {}
+  except Exception:  # pylint: disable=broad-except
+    return None      # CPU backends report nothing
+  return stats.get("bytes_limit")

@@ -1,0 +1,77 @@
+"""The memory estimate against the models' own parameter arrays and hand-worked terms."""
+import json
+import math
+
+from flax import nnx
+import pytest
+
+from ragen_jax import config_sections
+from ragen_jax import models
+from ragen_jax import sharding
+from ragen_jax.train import experiment
+from ragen_jax.train import launch_utils
+from ragen_jax.train import memory
+
+
+def _layout(data=1, fsdp=1, tensor=1):
+  return sharding.Sharder(sharding.MeshSpec(data=data, fsdp=fsdp, tensor=tensor),
+                          num_devices=data * fsdp * tensor)
+
+
+def _shard_elements(config, sharder):
+  """Second implementation: walk the model's real parameter arrays and their logical names."""
+  abstract = nnx.eval_shape(lambda: models.Qwen2(config, rngs=nnx.Rngs(0)))
+  total = 0
+  for _, var in nnx.to_flat_state(nnx.state(abstract, nnx.Param)):
+    axes = var.get_metadata().get("out_sharding") or (None,) * len(var.shape)
+    total += math.prod(-(-n // sharder.size(a)) for n, a in zip(var.shape, axes))
+  return total
+
+
+@pytest.mark.parametrize("name", ["tiny", "qwen2.5-0.5b", "qwen2.5-7b"])
+@pytest.mark.parametrize("mesh", [(1, 1, 1), (1, 4, 2), (2, 2, 2)])
+def test_parameter_share_matches_the_model_arrays(name, mesh):
+  config = models.get_config(name)
+  layout = _layout(*mesh)
+  assert memory.param_elements(config, layout) == _shard_elements(config, layout)
+  if mesh == (1, 1, 1):
+    assert memory.param_elements(config, layout) == models.num_params(config)
+
+
+def test_terms_by_hand_for_the_smoke_config():
+  exp = experiment.from_config(launch_utils.load_config_file("configs/sokoban_ppo.py:smoke"))
+  c = models.get_config("tiny")
+  est = memory.estimate(exp, c, _layout())
+  n = models.num_params(c)
+  assert est["params"] == 4 * n and est["optimizer"] == 12 * n
+  assert est["critic"] == 16 * n          # GAE with a separate critic: params + moments + grad
+  assert est["reference"] == 0            # no KL loss
+  # Cache: L=4 layers x B=4 episodes x (768 + 256) slots x K=2 x Dh=32, k and v, float32.
+  assert est["kv_cache"] == 4 * 4 * 1024 * 2 * 32 * 2 * 4
+  assert est["total"] == pytest.approx(sum(v for k, v in est.items() if k != "total"))
+  # Remat keeps one residual per layer instead of every layer's internals.
+  remat = memory.estimate(exp, c.replace(remat=True), _layout())
+  assert remat["activations"] < est["activations"] / 3
+  line = memory.describe(est, device_bytes=est["total"] / 0.95)
+  assert "likely out of memory" in line and "(95%)" in line
+
+
+@pytest.mark.parametrize("variant", [v for v in config_sections.VARIANTS
+                                     if v.endswith(tuple(config_sections.HARDWARE))])
+@pytest.mark.parametrize("config_file", ["sokoban_ppo", "frozenlake_ppo", "bandit_grpo"])
+def test_accelerator_variants_fit_their_card(variant, config_file, tmp_path):
+  preset, hardware = variant.rsplit("-", 1)
+  card = config_sections.HARDWARE[hardware]
+  model_config = models.get_config(preset)
+  with open(tmp_path / "config.json", "w") as fp:     # a checkpoint directory's config only
+    json.dump(model_config.to_hf_dict(), fp)
+  config = launch_utils.load_config_file(f"configs/{config_file}.py:{variant}")
+  with config.unlocked():
+    config.model.checkpoint = str(tmp_path)
+  exp = experiment.from_config(config)
+  assert exp.model.remat and exp.model.dtype == "bfloat16" and exp.model.preset == preset
+  layout = sharding.Sharder(exp.mesh, num_devices=card["devices"])
+  layout.check_model(model_config)
+  layout.check_batch("the training batch", exp.train_episodes)
+  est = memory.estimate(exp, model_config.replace(remat=True, dtype="bfloat16"), layout)
+  assert est["total"] < 0.8 * card["memory_gib"] * memory.GIB, memory.describe(est, None)

@@ -1,0 +1,73 @@
+"""Runs one rollout and one train step of the `:smoke` config on several meshes; prints JSON.
+
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/sharding_equivalence.py \
+      1,1,1 8,1,1 2,4,1 1,4,2 2,2,2
+
+Run by tests/sharding_test.py in a subprocess (the device count is fixed when JAX starts). For
+each mesh (data, fsdp, tensor) over the first data x fsdp x tensor devices: the shipped warm start
+is loaded straight into its shardings, plays one rollout (2 groups x 4 episodes) with the same
+key, and takes one StarPO step on the *first mesh's* rollout batch, so the update is compared on
+identical inputs. Prints {mesh: {tokens, rollout metrics, train metrics, parameter checksums}}.
+"""
+import json
+import sys
+
+import jax
+import numpy as np
+
+from ragen_jax import algos
+from ragen_jax import rollout as rollout_lib
+from ragen_jax import sharding
+from ragen_jax.train import experiment
+from ragen_jax.train import launch_utils
+from ragen_jax.train import policy as policy_lib
+from ragen_jax.train import trainer
+
+
+def run(mesh_shape, reference_batch=None):
+  config = launch_utils.load_config_file("configs/sokoban_ppo.py:smoke")
+  with config.unlocked():
+    config.rollout.group_size = 4          # 2 groups x 4 = 8 episodes: divides every mesh
+    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = mesh_shape
+  exp = experiment.from_config(config)
+  n = int(np.prod(mesh_shape))
+  sharder = sharding.Sharder(exp.mesh, devices=jax.devices()[:n])
+  model, tok = policy_lib.build(exp, sharder)
+  kernel = model.decoder.layers.q_kernel[...]
+  spec = exp.envs[0]
+  engine = rollout_lib.Rollout(spec.make(), tok, spec.rollout_config(exp.rollout, False), sharder)
+  result = engine.run(model, jax.random.key(7), seed=10000)
+  batch = trainer.join_batches([result.batch], exp.trainer.pad_multiple, tok.pad_id)
+  if reference_batch is None:
+    reference_batch = batch
+  like = jax.eval_shape(lambda: algos.init_train_state(model, None, exp.ppo, jax.random.key(1)))
+  state_sharding = sharder.tree(like)
+  state = jax.device_put(algos.init_train_state(model, None, exp.ppo, jax.random.key(1)),
+                         state_sharding)
+  step = algos.make_train_step(model, None, exp.ppo,
+                               out_shardings=(state_sharding, sharder.replicated))
+  ref = jax.device_put(reference_batch, sharder.batch_tree(reference_batch))
+  state, metrics = step(state, ref, jax.random.key(3))
+  params = jax.device_get(state.actor_params)
+  return reference_batch, {
+      "param_sharding": str(kernel.sharding.spec),
+      "devices": len(kernel.sharding.device_set),
+      "tokens": np.asarray(batch.tokens_BxT).tolist(),
+      "rollout": {k: float(np.mean(v)) for k, v in result.metrics.items()},
+      "train": {k: float(v) for k, v in jax.device_get(metrics).items()},
+      "params": [float(np.sum(np.abs(x), dtype=np.float64)) for x in jax.tree.leaves(params)],
+      "critic": [float(np.sum(x, dtype=np.float64))
+                 for x in jax.tree.leaves(jax.device_get(state.critic_params))],
+  }
+
+
+def main(argv):
+  out, reference = {}, None
+  for arg in argv:
+    shape = tuple(int(x) for x in arg.split(","))
+    reference, out[arg] = run(shape, reference)
+  print("RESULT " + json.dumps(out))
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])
