@@ -4,6 +4,10 @@ Overrides: --config.section.key=value (e.g. --config.trainer.total_steps=100); a
 not exist fails at once with the valid keys named. Variants: configs/sokoban_ppo.py:smoke,
 configs/sokoban_ppo.py:qwen2.5-0.5b --config.model.checkpoint=/path/to/Qwen2.5-0.5B-Instruct.
 Running the same command again resumes from the workdir's latest checkpoint.
+
+Multi-process: the same command on every process, with --coordinator_address=host:port
+--num_processes=N --process_id=i, or none of them under SLURM / on a TPU pod / with
+JAX_COORDINATOR_ADDRESS set (ragen_jax/distributed.py; scripts in experiments/launch/).
 """
 import os
 import sys
@@ -13,6 +17,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from ragen_jax import distributed
 from ragen_jax.train import launch_utils
 from ragen_jax.train import trainer
 
@@ -21,6 +26,12 @@ _CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Experiment
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None,
                                "Run directory (default: runs/<config name>[_<variant>]).")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None,
+                                   "host:port of process 0 (multi-process runs).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in a multi-process run.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (0 .. N-1).")
+_LOCAL_DEVICES = flags.DEFINE_string("local_device_ids", None,
+                                     "Comma-separated local devices of this process.")
 
 
 def _default_workdir(argv) -> str:
@@ -32,6 +43,8 @@ def _default_workdir(argv) -> str:
 
 def main(argv):
   del argv
+  distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                         distributed.parse_device_ids(_LOCAL_DEVICES.value))
   config = _CONFIG.value
   workdir = _WORKDIR.value or _default_workdir(sys.argv)
   launch_utils.log_start(config, workdir)

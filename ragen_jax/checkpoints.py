@@ -11,6 +11,10 @@ interrupted save never leaves a readable half checkpoint. A state with a NaN or 
 value is refused (`NonFiniteError`) so a diverged run can never overwrite good weights, and a
 checkpoint that does not fit the expected state (another model size, another optimizer)
 raises a `ValueError` naming the first mismatching entry instead of restoring garbage.
+
+Multi-process runs: every process calls save and restore (orbax writes and reads each array's
+shards from the processes that hold them, and the JSON metadata from process 0 only); the
+directory must be on a filesystem all processes share.
 """
 import os
 from typing import Any, Dict, Optional, Tuple
@@ -37,7 +41,9 @@ def _to_savable(state):
 
   def key_data(x):  # abstract states (jax.eval_shape) hold ShapeDtypeStructs
     if isinstance(x, jax.ShapeDtypeStruct):
-      return jax.eval_shape(jax.random.key_data, x)
+      data = jax.eval_shape(jax.random.key_data, x)
+      # Keep the key's sharding: on several processes orbax needs one for every array.
+      return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=x.sharding)
     return jax.random.key_data(x)
   return jax.tree.map(
       lambda x: key_data(x)

@@ -30,19 +30,21 @@ from typing import Tuple
 import jax
 from jax import lax
 import jax.numpy as jnp
+import numpy as np
 
 from ragen_jax.envs import base
 
-# Walk directions (row, col): down, right, up, left, as gym-sokoban's topology walk.
-_WALK_DIRS = jnp.array([[1, 0], [0, 1], [-1, 0], [0, -1]], jnp.int32)
+# Walk directions (row, col): down, right, up, left, as gym-sokoban's topology walk. Numpy, not
+# jnp: importing the package must not start a JAX backend (jax.distributed.initialize comes first).
+_WALK_DIRS = np.array([[1, 0], [0, 1], [-1, 0], [0, -1]], np.int32)
 # The five 3x3 floor stamps of gym-sokoban's topology walk, centred on the walker.
-_MASKS_5x3x3 = jnp.array([
+_MASKS_5x3x3 = np.array([
     [[0, 0, 0], [1, 1, 1], [0, 0, 0]],
     [[0, 1, 0], [0, 1, 0], [0, 1, 0]],
     [[0, 0, 0], [1, 1, 0], [0, 1, 0]],
     [[0, 0, 0], [1, 1, 0], [1, 1, 0]],
     [[0, 0, 0], [0, 1, 1], [0, 1, 0]],
-], jnp.bool_)
+], np.bool_)
 _CHANGE_DIRECTION_PROB = 0.35
 _MAX_ROUNDS = 64
 _CHUNK = 256
@@ -68,10 +70,10 @@ def topology(key: jax.Array, dim: Tuple[int, int], num_steps: int) -> jax.Array:
     pos, direction, floor = carry
     change, new_direction, mask_id = draw
     direction = jnp.where(change, new_direction, direction)
-    pos = jnp.clip(pos + _WALK_DIRS[direction], 1, jnp.array([h - 2, w - 2]))
+    pos = jnp.clip(pos + jnp.asarray(_WALK_DIRS)[direction], 1, jnp.array([h - 2, w - 2]))
     dr, dc = rows - (pos[0] - 1), cols - (pos[1] - 1)
     inside = (dr >= 0) & (dr < 3) & (dc >= 0) & (dc < 3)
-    stamp = _MASKS_5x3x3[mask_id][jnp.clip(dr, 0, 2), jnp.clip(dc, 0, 2)] & inside
+    stamp = jnp.asarray(_MASKS_5x3x3)[mask_id][jnp.clip(dr, 0, 2), jnp.clip(dc, 0, 2)] & inside
     return (pos, direction, floor | stamp), None
 
   floor = jnp.zeros((h, w), jnp.bool_)

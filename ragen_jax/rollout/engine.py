@@ -28,6 +28,13 @@ than dropping the oldest turns (which would invalidate the cached keys of every 
 Metrics: `action_is_valid` is the share of turns without a format penalty, `action_is_effective`
 the share of executed actions that changed the state.
 
+Multi-process (ragen_jax.distributed): B is the global batch. Each process plays the episodes
+in the rows of the mesh its devices hold (`Rollout.rows`; host lists index these local rows);
+padded widths and the end of the turn loop are agreed across processes so every process makes
+the same jitted calls; environment keys are slices of the global ones, so an episode's result
+does not depend on the process count. At the end the episodes are gathered, and every process
+returns the same RolloutResult as a single process would.
+
 Dimension legend: G env groups, B = G x group_size episodes, A max actions per turn,
 C appended chunk length (bucketed), N max new tokens per turn, S cache capacity, T sequence.
 """
@@ -41,6 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ragen_jax import distributed
 from ragen_jax import models
 from ragen_jax import sampling
 from ragen_jax.batch import RolloutBatch
@@ -111,10 +119,17 @@ class RolloutResult:
   episodes: List[Dict[str, Any]]   # messages, success, reward, turns (for JSON logs)
 
 
-def _step_batch(env, states, actions_BxA, key):
-  """Plays each episode's actions in order until done; -1 slots are skipped."""
+def _step_batch(env, states, actions_BxA, key, offset=0, total=None):
+  """Plays each episode's actions in order until done; -1 slots are skipped.
+
+  The rows are episodes offset .. offset + b - 1 of a batch of `total` (default b): their keys
+  are those rows of the whole batch's keys, whichever process steps them.
+  """
   b, a = actions_BxA.shape
-  keys_BxA = jax.random.split(key, b * a).reshape(b, a)
+  total = b if total is None else total
+  keys_BxA = jax.random.split(key, total * a).reshape(total, a)
+  if (offset, total) != (0, b):
+    keys_BxA = keys_BxA[offset:offset + b]
 
   def one(state, actions_A, keys_A):
     def body(carry, x):
@@ -137,7 +152,8 @@ def _step_batch(env, states, actions_BxA, key):
 @functools.lru_cache(maxsize=None)
 def _env_functions(env):
   """Jitted (reset over keys, step over the batch), shared by every Rollout of `env`."""
-  return jax.jit(env.reset_batch), jax.jit(functools.partial(_step_batch, env))
+  return jax.jit(env.reset_batch), jax.jit(functools.partial(_step_batch, env),
+                                            static_argnames=("offset", "total"))
 
 
 class Rollout:
@@ -151,9 +167,14 @@ class Rollout:
     # environments are host-sized work: they stay on this process's first device, and their
     # keys are copied there (jit refuses arguments committed to different device sets).
     self.sharder = sharder
+    self.rows = (0, self.batch_size)   # [lo, hi): the episodes this process plays
     if sharder is not None:
       sharder.check_batch(f"the rollout batch ({c.env_groups} groups x {c.group_size})",
                           self.batch_size)
+      if sharder.mesh is not None:
+        self.rows = distributed.row_range(sharder.named(("batch",)), self.batch_size)
+    # Processes share the batch (each its rows); otherwise every process plays every episode.
+    self._split = self.rows != (0, self.batch_size)
     # History + new tokens of a row never exceed max_context; the shared write offset adds at
     # most one bucketed user turn (and a bucketed first prompt stays within 255 of its size).
     self.capacity = (-(-c.max_context // 256) * 256
@@ -198,6 +219,8 @@ class Rollout:
     def respond(turn, ids_BxC, mask_BxC, active_B, host, eps, key):
       del host, eps
       nonlocal cache
+      # This process's rows -> the global batch (unchanged on a single process).
+      ids_BxC, mask_BxC, active_B = (self._global(x) for x in (ids_BxC, mask_BxC, active_B))
       if turn > 1:
         cache = sampling.compact(cache, jnp.asarray(active_B))
       # The context check guarantees the fit; extend() raises loudly otherwise.
@@ -205,9 +228,9 @@ class Rollout:
                                    self.capacity)
       out, cache = sampling.extend(graphdef, params, cache, ids_BxC, mask_BxC,
                                    jnp.asarray(active_B), key, window=window, **self.options)
-      return jax.device_get(out)
+      return distributed.local_rows(out, *self.rows)
 
-    return self._play(respond, key, seed)
+    return self._play(respond, key, seed, self.rows)
 
   def run_scripted(self, policy: Callable[[Any, Episode], str], key: jax.Array,
                    seed: int) -> RolloutResult:
@@ -216,7 +239,9 @@ class Rollout:
     The reply is the text after the generation prefix (e.g. "...</think><answer>Up</answer>");
     it is tokenised and recorded exactly as sampled tokens would be (log-probs 0), so the
     batch is a supervised demonstration in the rollout's own format (see ragen_jax.train.sft).
-    `state` is the episode's unbatched host state.
+    `state` is the episode's unbatched host state. Every process plays the whole batch: a
+    scripted policy draws from its own host random generator in episode order, so splitting the
+    episodes would change the draws; no model runs, so the repeated work is cheap.
     """
     c, tok = self.config, self.tok
 
@@ -235,20 +260,34 @@ class Rollout:
         lengths_B[i] = len(reply)
       return tokens_BxN, np.zeros(tokens_BxN.shape, np.float32), lengths_B
 
-    return self._play(respond, key, seed)
+    return self._play(respond, key, seed, (0, self.batch_size))
 
-  def _play(self, respond, key: jax.Array, seed: int) -> RolloutResult:
+  def _global(self, x_local):
+    """A [local rows, ...] host array as the global [B, ...] batch array (split runs only)."""
+    if not self._split:
+      return x_local
+    axes = ("batch",) + (None,) * (np.ndim(x_local) - 1)
+    return distributed.global_rows(x_local, self.sharder.named(axes), self.batch_size)
+
+  def _play(self, respond, key: jax.Array, seed: int, rows: tuple) -> RolloutResult:
     """The agent loop; `respond(turn, ids_BxC, mask_BxC, active_B, host_states, episodes, key)`
-    returns the replies as numpy (tokens_BxN, logprobs_BxN, lengths_B)."""
-    c, tok, b = self.config, self.tok, self.batch_size
+    returns the replies as numpy (tokens_BxN, logprobs_BxN, lengths_B).
+
+    Host-side arrays and lists cover the episodes `rows` = [lo, hi) only (b of them): this
+    process's share of a split batch, or the whole batch.
+    """
+    c, tok = self.config, self.tok
+    lo, hi = rows
+    b = hi - lo
+    split = b != self.batch_size
     t_start = time.perf_counter()
     timing = {"decode_s": 0.0, "env_s": 0.0}
 
     tic = time.perf_counter()
     group_keys = jax.vmap(jax.random.key)(seed + jnp.arange(c.env_groups))
-    to_env = ((lambda k: k) if self.sharder is None
-              else (lambda k: jax.device_put(k, jax.local_devices()[0])))
-    states = self._reset(jnp.repeat(group_keys, c.group_size, axis=0))
+    to_env = ((lambda k: k) if self.sharder is None else distributed.local_copy)
+    reset_keys = jnp.repeat(group_keys, c.group_size, axis=0)
+    states = self._reset(reset_keys if b == self.batch_size else reset_keys[lo:hi])
     host = jax.device_get(states)
     texts = [self._render(host, i) for i in range(b)]
     names = [tuple(self.env.action_names_for(jax.tree.map(lambda x: x[i], host)))
@@ -272,6 +311,7 @@ class Rollout:
       eps.append(ep)
     stats = dict(prefill_tokens_append=0, prefill_tokens_reencode=0, prefill_slots=0,
                  decode_steps=0, generated_tokens=0)
+    turn_steps = []  # decode steps of each turn on this process (the call runs to the max)
     pending = [""] * b  # the reward text that opens the next user message
     for turn in range(1, c.max_turns + 1):
       active = [i for i in range(b) if not eps[i].done]
@@ -287,9 +327,14 @@ class Rollout:
           ep.messages.append({"role": "user", "content": pending[i] + user})
           chunks[i] = [ep.tokens[ep.last_reply_end]] + chunk
         active = [i for i in range(b) if not eps[i].done]
-      if not active:
+      # Every process must agree on whether to go on and on the padded width (same calls, same
+      # shapes); a process whose episodes have all ended still takes part, with no active row.
+      playing, longest = (int(bool(active)), max((len(chunks[i]) for i in active), default=0))
+      if split:
+        playing, longest = distributed.agree_max([playing, longest])
+      if not playing:
         break
-      width = sampling.bucket(max(len(chunks[i]) for i in active))
+      width = sampling.bucket(longest)
       ids_BxC = np.full((b, width), tok.pad_id, np.int32)
       mask_BxC = np.zeros((b, width), np.int32)
       active_B = np.zeros((b,), bool)
@@ -299,14 +344,14 @@ class Rollout:
         active_B[i] = True
         stats["prefill_tokens_append"] += len(chunks[i])
         stats["prefill_tokens_reencode"] += len(eps[i].tokens) + len(chunks[i]) - (turn > 1)
-      stats["prefill_slots"] += b * width
+      stats["prefill_slots"] += self.batch_size * width
 
       tic = time.perf_counter()
       key, sub = jax.random.split(key)
       tokens_BxN, logprobs_BxN, lengths_B = respond(turn, ids_BxC, mask_BxC, active_B, host, eps,
                                                      sub)
       timing["decode_s"] += time.perf_counter() - tic
-      stats["decode_steps"] += int(lengths_B.max())
+      turn_steps.append(int(lengths_B.max()))
       stats["generated_tokens"] += int(lengths_B.sum())
 
       actions_BxA = np.full((b, c.max_actions_per_turn), -1, np.int32)
@@ -332,8 +377,9 @@ class Rollout:
 
       tic = time.perf_counter()
       key, sub = jax.random.split(key)
+      step_rows = {} if b == self.batch_size else dict(offset=lo, total=self.batch_size)
       states, reward_B, n_exec_B, n_eff_B, success_B = self._step(states, actions_BxA,
-                                                                  to_env(sub))
+                                                                  to_env(sub), **step_rows)
       host, reward_B, n_exec_B, n_eff_B, success_B = jax.device_get(
           (states, reward_B, n_exec_B, n_eff_B, success_B))
       env_done = np.asarray(host.done)
@@ -359,6 +405,9 @@ class Rollout:
           texts[i] = self._render(host, i)
       timing["env_s"] += time.perf_counter() - tic
 
+    if split:
+      eps, stats, turn_steps = self._gather(rows, eps, stats, turn_steps)
+    stats["decode_steps"] = sum(turn_steps)
     result = self._finish(eps, stats)
     total = time.perf_counter() - t_start
     result.summary.update(timing)
@@ -367,6 +416,27 @@ class Rollout:
     return result
 
   # ------------------------------------------------------------------ outputs
+
+  def _gather(self, rows: tuple, eps: List[Episode], stats: Dict[str, int],
+              turn_steps: List[int]):
+    """Every process's episodes in batch order, with the counters of the whole batch."""
+    parts = distributed.allgather((rows, eps, stats, turn_steps))
+    by_rows = {}
+    for part_rows, part_eps, part_stats, part_steps in parts:
+      by_rows.setdefault(tuple(part_rows), (part_eps, part_stats, part_steps))  # replicas agree
+    eps, steps, stats = [], [], dict(stats)
+    for name in ("prefill_tokens_append", "prefill_tokens_reencode", "generated_tokens"):
+      stats[name] = sum(p[1][name] for p in by_rows.values())
+    for (lo, hi), (part_eps, _, part_steps) in sorted(by_rows.items()):
+      if lo != len(eps):
+        raise RuntimeError(f"gathered episodes do not tile the batch: rows {lo}..{hi} after "
+                           f"{len(eps)}")
+      eps += part_eps
+      steps.append(part_steps)
+    if len(eps) != self.batch_size:
+      raise RuntimeError(f"gathered {len(eps)} episodes of {self.batch_size}")
+    # Every process ran the same number of turns; a turn's decode ran to the longest reply.
+    return eps, stats, [max(s) for s in zip(*steps)]
 
   def _finish(self, eps: List[Episode], stats: Dict[str, int]) -> RolloutResult:
     c, b = self.config, self.batch_size

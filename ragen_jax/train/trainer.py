@@ -22,6 +22,11 @@ meta with the config, seed counters, stopping-rule streaks and the MI z-score EM
 events, `eval/step_<s>.jsonl` trajectories and their pages `viewer/step_<s>.html`
 (ragen_jax.viewer). Running again resumes from the latest checkpoint. A non-finite loss stops
 the run (nothing is saved); Ctrl-C finishes the current step, saves and exits.
+
+Multi-process runs (ragen_jax.distributed) execute this same loop on every process: each plays
+its share of every rollout, after which every process holds the same episodes, metrics and
+training batch, so every decision (stopping rules, Ctrl-C, saves) is taken identically
+everywhere. Process 0 alone writes events, trajectories and pages; all take part in checkpoints.
 """
 import dataclasses
 import os
@@ -39,6 +44,7 @@ import numpy as np
 from ragen_jax import algos
 from ragen_jax import checkpoints
 from ragen_jax import diagnostics
+from ragen_jax import distributed
 from ragen_jax import logging_utils
 from ragen_jax import rollout as rollout_lib
 from ragen_jax import sharding
@@ -160,8 +166,9 @@ class _Run:
     self.exp, self.workdir, self.writer, self.ckpt = exp, workdir, writer, ckpt
     self.config_json = _config_json(config)
     # The mesh first: every size it must divide is checked before anything compiles.
-    self.sharder = sharding.Sharder(exp.mesh)
-    logging.info("mesh %s over %d devices", dict(self.sharder.mesh.shape), jax.device_count())
+    self.sharder = sharding.Sharder(exp.mesh, devices=distributed.mesh_devices())
+    logging.info("mesh %s over %d devices (%d processes)", dict(self.sharder.mesh.shape),
+                 jax.device_count(), jax.process_count())
     self.sharder.check_batch("the training batch (episodes per step)", exp.train_episodes)
     self.model, self.tok = policy_lib.build(exp, self.sharder)
     logging.info("%s", memory.describe(memory.estimate(exp, self.model.config, self.sharder),
@@ -196,8 +203,8 @@ class _Run:
           self.model, sft_engines, self.exp.sft,
           log=lambda i, m: (self.writer.scalars(i, m),
                             logging.info("sft step %d: %s", i, _fmt(m))))
-    return jax.device_put(self._new_state(jax.random.key(self.exp.seed.init)),
-                          self.state_sharding)
+    return distributed.put(self._new_state(jax.random.key(self.exp.seed.init)),
+                           self.state_sharding)
 
   def _new_state(self, key) -> RunState:
     train_state = algos.init_train_state(self.model, None, self.exp.ppo,
@@ -209,7 +216,7 @@ class _Run:
                         jax.eval_shape(lambda: self._new_state(jax.random.key(0))),
                         self.state_sharding)
     state, meta = self.ckpt.restore(like)   # arrays restored straight into their shardings
-    state = jax.device_put(state, self.state_sharding)  # (the raw key data is not)
+    state = distributed.put(state, self.state_sharding)
     step = int(meta["step"])
     self.monitor = early_stop_lib.Monitor(self.exp.early_stop, meta.get("early_stop"))
     self.collapse_ema = dict(meta.get("collapse_std_ema", {}))
@@ -312,9 +319,10 @@ class _Run:
         results = self._rollouts(policy, step_key, step)
         t_gen = time.perf_counter() - tic
         diag = self._diagnostics(policy, results, step)
-        batch = join_batches([r.batch for r in results.values()], exp.trainer.pad_multiple,
-                             self.tok.pad_id)
-        batch = jax.device_put(batch, self.sharder.batch_tree(batch))
+        # Every process holds the whole joined batch; each places the rows its devices hold.
+        host_batch = join_batches([r.batch for r in results.values()],
+                                  exp.trainer.pad_multiple, self.tok.pad_id)
+        batch = distributed.put(host_batch, self.sharder.batch_tree(host_batch))
         tic2 = time.perf_counter()
         train_state, metrics = self.train_step(state.train, batch, jax.random.fold_in(
             step_key, 1000003))
@@ -327,15 +335,15 @@ class _Run:
               f"without saving. The last good checkpoint is step {self.ckpt.latest_step()} in "
               f"{self.ckpt.directory}; lower ppo.actor_lr or check the data.")
         state = state.replace(train=train_state)
-        response = np.asarray(batch.loss_mask_BxT).sum(axis=1)
+        response = np.asarray(host_batch.loss_mask_BxT).sum(axis=1)
         metrics.update(rollout_metrics(results, "train"))
         metrics.update(diag)
         metrics.update({
             "response_length/mean": float(response.mean()),
-            "prompt_length/mean": float(np.asarray(batch.attention_mask_BxT).sum(1).mean()
+            "prompt_length/mean": float(np.asarray(host_batch.attention_mask_BxT).sum(1).mean()
                                         - response.mean()),
-            "train/batch_size": float(batch.tokens_BxT.shape[0]),
-            "train/seq_len": float(batch.tokens_BxT.shape[1]),
+            "train/batch_size": float(host_batch.tokens_BxT.shape[0]),
+            "train/seq_len": float(host_batch.tokens_BxT.shape[1]),
             "timing_s/gen": t_gen, "timing_s/update": t_update,
         })
         events = self.monitor.after_step(step, metrics)
@@ -345,12 +353,14 @@ class _Run:
           events += self.monitor.after_validation(step, val)
         stopped = self._early_events(events, metrics)
         metrics["timing_s/step"] = time.perf_counter() - tic
-        metrics["perf/throughput"] = float(np.asarray(batch.attention_mask_BxT).sum()
+        metrics["perf/throughput"] = float(np.asarray(host_batch.attention_mask_BxT).sum()
                                            ) / metrics["timing_s/step"]
         self.writer.scalars(step, metrics)
         progress.update(step, metrics)
         last = metrics
-        interrupted = stop.requested or (stop_after is not None and step - start >= stop_after)
+        # A Ctrl-C that reached only some processes still stops them all at the same step.
+        interrupted = (distributed.any_across(stop.requested)
+                       or (stop_after is not None and step - start >= stop_after))
         if step % exp.trainer.save_every == 0 or step == total or interrupted or stopped:
           self._save(state, step, stopped)
         if stopped:
