@@ -33,6 +33,10 @@ DEV = [
     # without CUDA packages here; newer versions pull several GB of them.
     "torch==2.13.0",
     "transformers==5.23.0",
+    # tests/notebooks_test.py executes notebooks/*.ipynb in a kernel.
+    "nbclient==0.11.0",
+    "nbformat==5.11.1",
+    "ipykernel==7.4.0",
 ]
 
 setuptools.setup(

@@ -1,6 +1,8 @@
 """Throughput of the compiled StarPO train step versus matmul peak and a PyTorch baseline.
 
-    /work/venv/bin/python experiments/bench/train_step.py [--hidden 512 --layers 4 --seq 256 ...]
+    python experiments/bench/train_step.py [--hidden 512 --layers 4 --seq 256 ...]
+    python experiments/bench/train_step.py --preset qwen2.5-0.5b --dtype bfloat16 --remat \
+        --batch 16 --seq 1024 --micro_batches 2 --matmul_n 8192      # one GPU
 
 Measures, in one run on this machine:
   1. matmul peak: a jitted float32 [n, n] x [n, n] matmul, FLOP/s;
@@ -8,7 +10,9 @@ Measures, in one run on this machine:
      one forward+backward update) and "ppo" (GAE with RAGEN's separate critic, which adds the
      critic's forward and forward+backward);
   3. a JAX forward+backward of the same model alone (no optimizer, no extra passes), and
-  4. a PyTorch forward+backward of `transformers.Qwen2ForCausalLM` with the same config and batch.
+  4. a PyTorch forward+backward of `transformers.Qwen2ForCausalLM` with the same config and batch
+     (on CUDA when there is a GPU; with --dtype bfloat16 under bf16 autocast, float32 weights,
+     as our bf16 compute over float32 parameters).
 FLOPs are counted analytically (MFU style, useful model FLOPs only; rematerialisation is not
 counted): forward = tokens · (2·P_matmul + 4·L·T·H·Dh) with P_matmul the non-embedding matmul
 parameters plus the D·V unembedding; backward = 2 x forward. Prints a markdown table.
@@ -28,10 +32,10 @@ from ragen_jax import models
 from ragen_jax.batch import RolloutBatch
 
 
-def matmul_peak(n, reps):
-  """Best-of-reps FLOP/s of a jitted float32 n x n matmul."""
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+def matmul_peak(n, reps, dtype=jnp.float32):
+  """Best-of-reps FLOP/s of a jitted n x n matmul in `dtype` (random operands, not zeros)."""
+  a = jax.random.normal(jax.random.key(0), (n, n), dtype)
+  b = jax.random.normal(jax.random.key(1), (n, n), dtype)
   f = jax.jit(lambda a, b: a @ b)
   f(a, b).block_until_ready()
   best = np.inf
@@ -68,7 +72,7 @@ def make_batch(b, t, vocab, group):
                       scores_B=jnp.asarray(scores))
 
 
-def interleaved(run_once, steps, matmul_n):
+def interleaved(run_once, steps, matmul_n, dtype=jnp.float32):
   """Times run_once `steps` times, measuring the matmul peak right before each timing.
 
   Other processes share this machine's cores, so the available FLOP/s drifts; pairing each
@@ -79,7 +83,7 @@ def interleaved(run_once, steps, matmul_n):
   """
   pairs = []
   for i in range(steps):
-    peak = matmul_peak(matmul_n, 3)
+    peak = matmul_peak(matmul_n, 3, dtype)
     t0 = time.perf_counter()
     run_once(i)
     pairs.append((time.perf_counter() - t0, peak))
@@ -99,7 +103,7 @@ def time_jax_step(model_cfg, ppo_cfg, batch, steps, matmul_n):
   t0 = time.perf_counter()
   run_once(-1)
   compile_s = time.perf_counter() - t0
-  return interleaved(run_once, steps, matmul_n) + (compile_s,)
+  return interleaved(run_once, steps, matmul_n, model_cfg.dtype) + (compile_s,)
 
 
 def time_jax_fwd_bwd(model_cfg, batch, steps, matmul_n, vocab_chunk):
@@ -121,7 +125,7 @@ def time_jax_fwd_bwd(model_cfg, batch, steps, matmul_n, vocab_chunk):
     jax.block_until_ready(grad_fn(params, batch.tokens_BxT))
 
   run_once(-1)
-  return interleaved(run_once, steps, matmul_n)
+  return interleaved(run_once, steps, matmul_n, model_cfg.dtype)
 
 
 def time_torch(model_cfg, batch, steps, matmul_n):
@@ -135,15 +139,23 @@ def time_torch(model_cfg, batch, steps, matmul_n):
       rope_theta=model_cfg.rope_theta, tie_word_embeddings=model_cfg.tie_word_embeddings,
       max_position_embeddings=model_cfg.max_position_embeddings)
   hf._attn_implementation = "sdpa"  # pylint: disable=protected-access
-  model = transformers.Qwen2ForCausalLM(hf).float().train()
-  ids = torch.from_numpy(np.array(batch.tokens_BxT)).long()
+  dev = "cuda" if torch.cuda.is_available() else "cpu"
+  model = transformers.Qwen2ForCausalLM(hf).float().train().to(dev)
+  if model_cfg.remat:
+    model.gradient_checkpointing_enable()
+  ids = torch.from_numpy(np.array(batch.tokens_BxT)).long().to(dev)
+  bf16 = model_cfg.dtype == jnp.bfloat16
 
   def run_once(_):
     model.zero_grad(set_to_none=True)
-    model(input_ids=ids, labels=ids).loss.backward()
+    with torch.autocast(dev, dtype=torch.bfloat16, enabled=bf16):
+      loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    if dev == "cuda":
+      torch.cuda.synchronize()
 
   run_once(-1)   # warm-up
-  return interleaved(run_once, steps, matmul_n)
+  return interleaved(run_once, steps, matmul_n, model_cfg.dtype)
 
 
 def main():
@@ -161,19 +173,43 @@ def main():
   p.add_argument("--steps", type=int, default=3)
   p.add_argument("--matmul_n", type=int, default=2048)
   p.add_argument("--skip_ppo", action="store_true")
+  p.add_argument("--preset", default=None, help="a models.PRESETS name; replaces the sizes above")
+  p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                 help="compute dtype (parameters and optimizer states stay float32)")
+  p.add_argument("--remat", action="store_true", help="recompute each layer in the backward")
+  p.add_argument("--micro_batches", type=int, default=1)
   args = p.parse_args()
 
-  model_cfg = models.ModelConfig(
-      vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
-      num_layers=args.layers, num_heads=args.heads, num_kv_heads=args.kv_heads, rope_theta=1e4)
-  batch = make_batch(args.batch, args.seq, args.vocab, args.group)
+  numerics = dict(dtype=jnp.dtype(args.dtype), remat=args.remat)
+  if args.preset:
+    model_cfg = models.get_config(args.preset, **numerics)
+  else:
+    model_cfg = models.ModelConfig(
+        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
+        num_layers=args.layers, num_heads=args.heads, num_kv_heads=args.kv_heads,
+        rope_theta=1e4, **numerics)
+  batch = make_batch(args.batch, args.seq, model_cfg.vocab_size, args.group)
   tokens = args.batch * args.seq
   fwd = forward_flops(model_cfg, args.batch, args.seq)
   print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}, {os.cpu_count()} cpus; "
         f"params {models.num_params(model_cfg) / 1e6:.1f}M; B={args.batch} T={args.seq} "
-        f"D={args.hidden} L={args.layers} V={args.vocab}; tokens/step {tokens}")
+        f"D={model_cfg.hidden_size} L={model_cfg.num_layers} V={model_cfg.vocab_size}; "
+        f"{args.dtype}{' remat' if args.remat else ''}; tokens/step {tokens}")
 
-  common = {"num_minibatches": 1, "micro_batches": 1, "vocab_chunk": args.vocab_chunk,
+  header = (f"| run | s/step | tokens/s | GFLOP/step | GFLOP/s | matmul peak GFLOP/s "
+            f"({args.dtype} {args.matmul_n}^2) | % of peak | note |\n"
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+  print(header, flush=True)
+
+  def report(name, sec, peak, pairs, flops, note):
+    frac = np.median([flops / s / p for s, p in pairs])   # per-step ratio to its adjacent peak
+    line = (f"| {name} | {sec:.3f} | {tokens / sec:,.0f} | {flops / 1e9:.1f} | "
+            f"{flops / sec / 1e9:.1f} | {peak / 1e9:.1f} | {100 * frac:.0f}% | {note} |")
+    print(line, flush=True)    # as soon as measured: a later row may fail (memory)
+    rows.append(line)
+
+  common = {"num_minibatches": 1, "micro_batches": args.micro_batches,
+            "vocab_chunk": args.vocab_chunk,
             "entropy_coeff": 0.001}
   rows = []
   runs = [("jax step, actor only (grpo)", algos.PPOConfig(adv_estimator="grpo", **common),
@@ -184,21 +220,14 @@ def main():
   for name, ppo_cfg, flops in runs:
     sec, peak, pairs, compile_s = time_jax_step(model_cfg, ppo_cfg, batch, args.steps,
                                                 args.matmul_n)
-    rows.append((name, sec, peak, pairs, flops, f"compile {compile_s:.0f} s"))
+    report(name, sec, peak, pairs, flops, f"compile {compile_s:.0f} s")
   sec, peak, pairs = time_jax_fwd_bwd(model_cfg, batch, args.steps, args.matmul_n,
                                       args.vocab_chunk)
-  rows.append(("jax fwd+bwd only (same work as torch row)", sec, peak, pairs, 3 * fwd,
-               "chunked log-prob loss"))
+  report("jax fwd+bwd only (same work as torch row)", sec, peak, pairs, 3 * fwd,
+         "chunked log-prob loss")
   sec, peak, pairs = time_torch(model_cfg, batch, args.steps, args.matmul_n)
-  rows.append(("torch fwd+bwd Qwen2ForCausalLM", sec, peak, pairs, 3 * fwd, "transformers, sdpa"))
-
-  print(f"\n| run | s/step | tokens/s | GFLOP/step | GFLOP/s | matmul peak GFLOP/s "
-        f"(float32 {args.matmul_n}^2) | % of peak | note |")
-  print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
-  for name, sec, peak, pairs, flops, note in rows:
-    frac = np.median([flops / s / p for s, p in pairs])   # per-step ratio to its adjacent peak
-    print(f"| {name} | {sec:.3f} | {tokens / sec:,.0f} | {flops / 1e9:.1f} | "
-          f"{flops / sec / 1e9:.1f} | {peak / 1e9:.1f} | {100 * frac:.0f}% | {note} |")
+  report("torch fwd+bwd Qwen2ForCausalLM", sec, peak, pairs, 3 * fwd, "transformers, sdpa")
+  print("\n" + header + "\n" + "\n".join(rows))
 
 
 if __name__ == "__main__":

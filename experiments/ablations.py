@@ -1,0 +1,184 @@
+r"""RAGEN's studies at tiny-model scale: each study trains a set of runs and writes a table and a plot.
+
+  python experiments/ablations.py --study=filtering                 # trains (or resumes) every run
+  python experiments/ablations.py --study=algorithms --steps=30 --only=sokoban_grpo,sokoban_drgrpo
+  python experiments/ablations.py --study=kl --dry_run              # the commands, nothing run
+  python experiments/ablations.py --study=filtering --report_only   # table + plot of finished runs
+  python experiments/ablations.py --study=algorithms --parallel=12   # one GPU or many cores
+
+Every run is one `launch.py` command (printed and recorded in the report, so any row can be rerun by
+hand) in `<runs>/<study>/<run>` (relative paths are taken from the repository root); with
+`--parallel=N`, N runs train at once (on one GPU each gets 0.9/N of its memory unless
+XLA_PYTHON_CLIENT_MEM_FRACTION is set). An interrupted study resumes where it stopped, since each run
+resumes from its checkpoints and finished runs are skipped by the trainer. The report goes to
+`experiments/results/<study>.md` (the commands, then `python -m ragen_jax.plot`'s before/after
+table) and `experiments/results/<study>.png` (success, reward std, entropy and MI curves).
+
+Studies (RAGEN v1 / RAGEN-2 ablations; `shared/reference/ragen.md` §8):
+  algorithms        PPO vs GRPO vs Dr.GRPO vs DAPO-style (clip-higher + dropping zero-variance
+                    groups) on Sokoban, FrozenLake and the Bandit
+  filtering         rollout filtering: top-p 1.0 (none), 0.9, 0.5, 0.25 and top-k 25% (Sokoban PPO)
+  clip_higher       clip_high 0.2 vs 0.28 (Sokoban PPO)
+  kl                no KL vs a k1 KL loss of 0.001 to the starting policy (Sokoban PPO)
+  actions_per_turn  1 to 6 actions per turn (Sokoban PPO)
+  group_size        responses per prompt 4, 8, 16 at 32 episodes per step (Sokoban PPO)
+"""
+import argparse
+import dataclasses
+import os
+import shlex
+import subprocess
+import sys
+import time
+from typing import Dict, List, Sequence, Tuple
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  name: str
+  config: str                                  # configs/<file>.py
+  overrides: Tuple[Tuple[str, str], ...] = ()  # (dotted key, value) as on the command line
+
+
+def _sokoban(name, **overrides) -> Run:
+  return Run(name, "configs/sokoban_ppo.py", tuple((k, str(v)) for k, v in overrides.items()))
+
+
+def _algorithms() -> List[Run]:
+  runs = []
+  for env in ("sokoban", "frozenlake", "bandit"):
+    grpo = f"configs/{env}_grpo.py"
+    runs += [
+        Run(f"{env}_ppo", f"configs/{env}_ppo.py"),
+        Run(f"{env}_grpo", grpo),
+        # Dr.GRPO: no std normalisation, sequence sums divided by a constant length.
+        Run(f"{env}_drgrpo", grpo, (("ppo.adv_estimator", "drgrpo"),
+                                    ("ppo.agg_mode", "seq-mean-token-sum-norm"))),
+        # DAPO-style: decoupled clip 0.2 / 0.28 and dynamic sampling (groups whose rewards all
+        # agree carry no signal and are dropped), token-mean loss, no KL.
+        Run(f"{env}_dapo", grpo, (("ppo.clip_low", "0.2"), ("ppo.clip_high", "0.28"),
+                                  ("ppo.filter_include_zero", "False"),
+                                  ("ppo.agg_mode", "token-mean"))),
+    ]
+  return runs
+
+
+STUDIES: Dict[str, List[Run]] = {
+    "algorithms": _algorithms(),
+    "filtering": [_sokoban("top_p_1.0", **{"ppo.filter_strategy": "top_p", "ppo.filter_value": 1.0}),
+                  *(_sokoban(f"top_p_{p}", **{"ppo.filter_strategy": "top_p",
+                                              "ppo.filter_value": p,
+                                              "ppo.filter_include_zero": False})
+                    for p in (0.9, 0.5, 0.25)),
+                  _sokoban("top_k_25pct", **{"ppo.filter_strategy": "top_k", "ppo.filter_value": 0.25,
+                                             "ppo.filter_include_zero": False})],
+    "clip_higher": [_sokoban("clip_0.2_0.2", **{"ppo.clip_high": 0.2}),
+                    _sokoban("clip_0.2_0.28", **{"ppo.clip_high": 0.28})],
+    "kl": [_sokoban("no_kl", **{"ppo.use_kl_loss": False, "ppo.kl_coef": 0.0}),
+           _sokoban("kl_0.001", **{"ppo.use_kl_loss": True, "ppo.kl_coef": 0.001,
+                                   "ppo.kl_type": "k1"})],
+    "actions_per_turn": [_sokoban(f"actions_{n}", **{"rollout.max_actions_per_turn": n})
+                         for n in range(1, 7)],
+    # RAGEN's "responses per prompt" at a fixed batch: groups x responses = 32 episodes.
+    "group_size": [_sokoban(f"responses_{n}", **{"rollout.group_size": n,
+                                                 "envs.sokoban.train_groups": 32 // n})
+                   for n in (4, 8, 16)],
+}
+
+
+def command(run: Run, workdir: str, steps: int = 0, variant: str = "") -> List[str]:
+  """The launch.py command line of `run` (steps 0 keeps the config's own length)."""
+  spec = run.config + (f":{variant}" if variant else "")
+  args = [sys.executable, "launch.py", f"--config={spec}", f"--workdir={workdir}"]
+  args += [f"--config.{k}={v}" for k, v in run.overrides]
+  if steps:
+    args.append(f"--config.trainer.total_steps={steps}")
+  return args
+
+
+def select(study: str, only: str = "") -> List[Run]:
+  if study not in STUDIES:
+    raise ValueError(f"unknown study {study!r}; valid: {', '.join(STUDIES)}")
+  runs = STUDIES[study]
+  if only:
+    names = [n.strip() for n in only.split(",") if n.strip()]
+    unknown = sorted(set(names) - {r.name for r in runs})
+    if unknown:
+      raise ValueError(f"study {study!r} has no run {', '.join(unknown)}; its runs: "
+                       f"{', '.join(r.name for r in runs)}")
+    runs = [r for r in runs if r.name in names]
+  return runs
+
+
+def train(runs: Sequence[Run], commands: Sequence[List[str]], parallel: int = 1) -> None:
+  """Runs the commands, `parallel` at a time; a failing run is reported and the others go on."""
+  env = dict(os.environ)
+  if parallel > 1:
+    env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / parallel:.3f}")
+  pending, active = list(zip(runs, commands)), []
+  while pending or active:
+    while pending and len(active) < parallel:
+      run, cmd = pending.pop(0)
+      print(" ".join(shlex.quote(a) for a in cmd), flush=True)
+      active.append((run, subprocess.Popen(cmd, cwd=ROOT, env=env)))
+    time.sleep(0.5)
+    for run, proc in [a for a in active if a[1].poll() is not None]:
+      active.remove((run, proc))
+      if proc.returncode:
+        print(f"run {run.name} exited with status {proc.returncode}; the report covers the "
+              "others", file=sys.stderr, flush=True)
+
+
+def report(study: str, runs: Sequence[Run], commands: Sequence[List[str]], workdirs: Sequence[str],
+           out_dir: str) -> str:
+  """Writes <out_dir>/<study>.md and .png from the runs' events; returns the markdown path."""
+  from ragen_jax import plot  # pylint: disable=g-import-not-at-top
+  os.makedirs(out_dir, exist_ok=True)
+  workdirs = [os.path.join(ROOT, w) for w in workdirs]   # relative ones from the repository root
+  done = [(r, c, w) for r, c, w in zip(runs, commands, workdirs)
+          if os.path.isdir(w) and any(f.startswith("events.") for f in os.listdir(w))]
+  if not done:
+    raise ValueError(f"study {study!r}: no run has written events yet")
+  loaded = [dataclasses.replace(run, name=r.name)   # the study's names, not the paths'
+            for run, (r, _, _) in zip(plot.load_runs([w for _, _, w in done]), done)]
+  png = os.path.join(out_dir, f"{study}.png")
+  panels = plot.select_panels(None, {t for run in loaded for t in run.scalars})
+  plot.figure(loaded, panels, smooth_k=3, title=f"ablation: {study}").savefig(png, dpi=100)
+  lines = [f"# Ablation: {study}", "", "Commands (from the repository root):", "", "```bash"]
+  lines += [" ".join(shlex.quote(a) for a in ["python", *c[1:]]) for _, c, _ in done]
+  lines += ["```", "", plot.table(loaded), "", f"![{study}]({os.path.basename(png)})", ""]
+  md = os.path.join(out_dir, f"{study}.md")
+  with open(md, "w") as f:
+    f.write("\n".join(lines))
+  return md
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--study", required=True, choices=sorted(STUDIES))
+  p.add_argument("--only", default="", help="comma-separated run names of the study")
+  p.add_argument("--steps", type=int, default=0, help="training steps (0: each config's own)")
+  p.add_argument("--variant", default="", help="config variant, e.g. smoke")
+  p.add_argument("--runs", default="runs/ablations", help="parent of the run directories")
+  p.add_argument("--out", default=os.path.join(ROOT, "experiments", "results"))
+  p.add_argument("--dry_run", action="store_true", help="print the commands only")
+  p.add_argument("--report_only", action="store_true", help="no training: report what exists")
+  p.add_argument("--parallel", type=int, default=1, help="runs training at once")
+  args = p.parse_args(argv)
+  runs = select(args.study, args.only)
+  workdirs = [os.path.join(args.runs, args.study, r.name) for r in runs]
+  commands = [command(r, w, args.steps, args.variant) for r, w in zip(runs, workdirs)]
+  if args.dry_run or args.report_only:
+    print("\n".join(" ".join(shlex.quote(a) for a in cmd) for cmd in commands))
+  else:
+    train(runs, commands, max(1, args.parallel))
+  if args.dry_run:
+    return 0
+  print("wrote", report(args.study, runs, commands, workdirs, args.out))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

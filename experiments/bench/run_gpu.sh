@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The GPU figures of BENCHMARKS.md in one command, on a machine with one NVIDIA GPU and JAX's
+# CUDA build installed (the pinned pure-Python packages may be given as wheels in .whl/).
+#   bash experiments/bench/run_gpu.sh [OUTDIR] [PART ...]     (parts: ceilings decode train trainer;
+#                                                           default all)
+# 1. the card's ceilings; 2. decode/prefill vs transformers generate (CUDA, bf16) on a
+# Qwen2.5-0.5B-shaped random model; 3. the StarPO train step's tokens/s and MFU on it;
+# 4. the real trainer for a few steps of sokoban_ppo:qwen2.5-0.5b-h100 on a random 0.5B
+# checkpoint: rollout and train tokens/s from its own timing metrics.
+set -uo pipefail
+out=${1:-/tmp/gpu_bench}
+shift || true
+parts=" ${*:-ceilings decode train trainer} "
+want() { [[ "$parts" == *" $1 "* ]]; }
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-}:$PWD
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+python3 -c "import jax, flax, optax, orbax.checkpoint as o, torch, transformers as t; \
+print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, \
+'orbax', o.__version__ if hasattr(o, '__version__') else '?', 'torch', torch.__version__, \
+'transformers', t.__version__, jax.devices())"
+step() { echo "=== $1"; shift; /usr/bin/time -f "(%e s)" "$@" 2>&1 | tee -a "$out/bench.log"; }
+want ceilings && step ceilings python3 experiments/bench/ceilings.py
+want decode && step decode python3 experiments/bench/sampling.py --preset qwen2.5-0.5b --dtype bfloat16 \
+    --batches 32,64,128 --prompt 256 --new 128 --iters 3 --skip_rollout
+want train && step train_step env XLA_PYTHON_CLIENT_MEM_FRACTION=0.45 python3 experiments/bench/train_step.py --preset qwen2.5-0.5b --dtype bfloat16 \
+    --remat --batch 16 --seq 1024 --micro_batches 2 --vocab_chunk 16384 --matmul_n 8192 --steps 3
+want trainer || exit 0
+ckpt=/tmp/qwen05_random
+python3 -c "import jax, jax.numpy as jnp; from ragen_jax import models; \
+models.save_hf(models.create('qwen2.5-0.5b', jax.random.key(0), dtype=jnp.bfloat16), '$ckpt')"
+step trainer python3 launch.py --config=configs/sokoban_ppo.py:qwen2.5-0.5b-h100 \
+    --config.model.checkpoint=$ckpt --workdir=/tmp/run05 --config.trainer.total_steps=3 \
+    --config.trainer.eval_every=100 --config.envs.sokoban.val_groups=16 \
+    --config.diagnostics.compute_freq=2
+# Events and the console log only: the checkpoints of a 0.5B actor + critic are ~12 GB.
+cp /tmp/run05/events.* "$out/" 2>/dev/null; cp /tmp/run05/*.json "$out/" 2>/dev/null
+true
