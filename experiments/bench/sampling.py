@@ -6,9 +6,9 @@
 
 On a GPU the transformers side runs on CUDA too (same dtype); on a CPU both use the CPU.
 
-Part 1 (same run, same weights, same left-padded batch, float32): our model is created, saved
-with `models.save_hf` and loaded into transformers' Qwen2ForCausalLM (default sdpa attention,
-PyTorch CPU under inference_mode). Both sides decode greedily for exactly `--new` tokens (no
+Part 1 (same run, same weights, same left-padded batch, same `--dtype`): our model is created,
+saved with `models.save_hf` and loaded into transformers' Qwen2ForCausalLM (default sdpa
+attention, PyTorch under inference_mode). Both sides decode greedily for exactly `--new` tokens (no
 stop token). Prefill tokens/s = B x prompt / prefill time (ours: the jitted prefill plus one
 sampled token, i.e. `generate` with one new token, on both sides). Decode tokens/s =
 B x (new - new/4) / (time of generate(new) - time of generate(new/4)), so prefill and per-call
