@@ -127,9 +127,7 @@ def _step_batch(env, states, actions_BxA, key, offset=0, total=None):
   """
   b, a = actions_BxA.shape
   total = b if total is None else total
-  keys_BxA = jax.random.split(key, total * a).reshape(total, a)
-  if (offset, total) != (0, b):
-    keys_BxA = keys_BxA[offset:offset + b]
+  keys_BxA = jax.random.split(key, total * a).reshape(total, a)[offset:offset + b]
 
   def one(state, actions_A, keys_A):
     def body(carry, x):
@@ -287,7 +285,7 @@ class Rollout:
     group_keys = jax.vmap(jax.random.key)(seed + jnp.arange(c.env_groups))
     to_env = ((lambda k: k) if self.sharder is None else distributed.local_copy)
     reset_keys = jnp.repeat(group_keys, c.group_size, axis=0)
-    states = self._reset(reset_keys if b == self.batch_size else reset_keys[lo:hi])
+    states = self._reset(reset_keys[lo:hi])
     host = jax.device_get(states)
     texts = [self._render(host, i) for i in range(b)]
     names = [tuple(self.env.action_names_for(jax.tree.map(lambda x: x[i], host)))
@@ -377,9 +375,8 @@ class Rollout:
 
       tic = time.perf_counter()
       key, sub = jax.random.split(key)
-      step_rows = {} if b == self.batch_size else dict(offset=lo, total=self.batch_size)
-      states, reward_B, n_exec_B, n_eff_B, success_B = self._step(states, actions_BxA,
-                                                                  to_env(sub), **step_rows)
+      states, reward_B, n_exec_B, n_eff_B, success_B = self._step(
+          states, actions_BxA, to_env(sub), offset=lo, total=self.batch_size)
       host, reward_B, n_exec_B, n_eff_B, success_B = jax.device_get(
           (states, reward_B, n_exec_B, n_eff_B, success_B))
       env_done = np.asarray(host.done)
