@@ -101,6 +101,20 @@ def test_load_hf_logits_match_transformers(tmp_path, name):
     np.testing.assert_allclose(ours[row, total - n:], alone, atol=1e-4, rtol=0)
 
 
+def test_long_sequences_cross_attention_blocks_like_transformers(tmp_path):
+  """Past 128 tokens the training pass attends in query blocks (layers.attend_causal):
+  three blocks, the last one partial, and left padding that spans a whole block."""
+  hf = make_hf_model(2, **HF_CONFIGS["tied_gqa2_dh16_theta1e4"])
+  hf.save_pretrained(tmp_path)
+  model = models.load_hf(str(tmp_path))
+  rng = np.random.default_rng(1)
+  lengths, total = [300, 150, 20], 300
+  ids, mask = left_padded_batch(rng, lengths, total)
+  ours = np.asarray(jax.jit(lambda i, m: model(i, m))(ids, mask))
+  real = mask.astype(bool)
+  assert np.max(np.abs(ours[real] - hf_logits(hf, ids, mask)[real])) <= 1e-4
+
+
 def randomise(model, seed):
   """Random values for every parameter (ours start with zero biases)."""
   graphdef, state = nnx.split(model)

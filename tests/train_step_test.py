@@ -178,6 +178,25 @@ def test_repeated_steps_lower_the_losses_without_recompiling(adamw_setup):
   assert step._cache_size() == 1
 
 
+def test_rollout_probs_diff_compares_sampler_and_training_probabilities(adamw_setup):
+  actor, cfg, step = adamw_setup
+  batch = make_batch()
+  logp0, _ = full_logp_entropy(actor, batch.tokens_BxT, batch.attention_mask_BxT)
+  m = np.asarray(batch.loss_mask_BxT) > 0
+  # The sampler's own log-probs: no mismatch.
+  state = algos.init_train_state(actor, None, cfg, jax.random.key(1))
+  _, metrics = step(state, batch.replace(logprobs_BxT=logp0), jax.random.key(0))
+  assert float(metrics["training/rollout_probs_diff_max"]) < 1e-5
+  # A sampler that gave every token probability 1 (log-prob 0): |p - 1| by hand.
+  state = algos.init_train_state(actor, None, cfg, jax.random.key(1))
+  _, metrics = step(state, batch, jax.random.key(0))
+  gap = 1.0 - np.exp(np.asarray(logp0))[m]
+  np.testing.assert_allclose(float(metrics["training/rollout_probs_diff_mean"]), gap.mean(),
+                             rtol=1e-4)
+  np.testing.assert_allclose(float(metrics["training/rollout_probs_diff_max"]), gap.max(),
+                             rtol=1e-4)
+
+
 def test_filter_masks_groups_and_skips_empty_steps(adamw_setup):
   actor, cfg, step = adamw_setup
   state = algos.init_train_state(actor, None, cfg, jax.random.key(1))

@@ -7,7 +7,7 @@ an online logsumexp, so only [B, T, C] logits exist at once; the chunk body is r
 
 Dimensions:
   B: sequences.  T: token positions.  D: hidden size.  V: vocabulary.  C: vocabulary chunk.
-  K: number of chunks (V padded up to K·C).
+  K: number of chunks (V padded up to K·C).  N = B·T flattened positions.
 """
 import jax
 from jax import lax
@@ -36,13 +36,15 @@ def chunked_logprobs_entropy(hidden_BxTxD, unembed_DxV, targets_BxT, chunk=8192,
   w_KxDxC = w_DxV.reshape(w_DxV.shape[0], n_chunks, chunk).transpose(1, 0, 2)
   inv_temp = 1.0 / temperature
   shape_BxT = targets_BxT.shape
+  # A 2-D [B*T, D] matmul: XLA:CPU's backward of the batched einsum form is ~2x slower.
+  hidden_NxD = hidden_BxTxD.reshape(-1, hidden_BxTxD.shape[-1])
 
   @jax.checkpoint
   def body(carry, xs):
     m, s, a, tgt = carry
     w_DxC, start = xs
-    z_BxTxC = jnp.einsum("btd,dc->btc", hidden_BxTxD, w_DxC,
-                         preferred_element_type=jnp.float32) * inv_temp
+    z_BxTxC = jnp.matmul(hidden_NxD, w_DxC, preferred_element_type=jnp.float32
+                         ).reshape(*shape_BxT, chunk) * inv_temp
     col_1x1xC = (start + jnp.arange(chunk))[None, None, :]
     # Padded columns carry no mass. A finite floor (not -inf) keeps 0·z and its gradient finite.
     z_BxTxC = jnp.where(col_1x1xC < vocab, z_BxTxC, NEG_BIG)

@@ -305,6 +305,11 @@ def make_train_step(actor_model, critic_model, cfg: PPOConfig, ref_model=None, j
       metrics["critic/values/mean"] = adv_lib.masked_mean(values, maskf)
       metrics["critic/vf_explained_var"] = jnp.where(
           skipped, 0.0, adv_lib.explained_variance(values, returns, maskf))
+    # Train/inference mismatch (veRL's training/rollout_probs_diff_*): the sampler's token
+    # probabilities against the training forward's; large values mean the update is off-policy.
+    probs_diff = jnp.abs(jnp.exp(old["logp"]) - jnp.exp(batch.logprobs_BxT.astype(jnp.float32)))
+    metrics["training/rollout_probs_diff_mean"] = adv_lib.masked_mean(probs_diff, maskf)
+    metrics["training/rollout_probs_diff_max"] = jnp.max(jnp.where(mask, probs_diff, 0.0))
     metrics["rollout/in_group_reward_std"] = fstats["in_group_reward_std"]
     metrics["rollout/filter_kept_ratio"] = fstats["filter_kept_ratio"]
     metrics["rollout/filter_kept_count"] = fstats["filter_kept_count"]

@@ -99,6 +99,38 @@ def attend(q_BxTxHxDh: jax.Array, k_BxSxKxDh: jax.Array, v_BxSxKxDh: jax.Array,
   return out_BxTxKxGxDh.reshape(b, t, h, dh).astype(v_BxSxKxDh.dtype)
 
 
+def attend_causal(q_BxTxHxDh: jax.Array, k_BxTxKxDh: jax.Array, v_BxTxKxDh: jax.Array,
+                  key_mask_BxT: jax.Array, block: int = 128) -> jax.Array:
+  """Causal self-attention (query i sees the valid keys 0..i), in query blocks.
+
+  Equals `attend(q, k, v, attention_mask(key_mask, arange(T)))` on every query that
+  sees at least one key. Query block j touches only keys [0, (j+1) * block): the
+  masked upper triangle is never computed (about half the work at long T) and each
+  block's scores are small enough to stay in cache, which makes the training pass
+  ~3x faster on CPU (BENCHMARKS.md). Shapes are static: T / block blocks, unrolled.
+
+  Args:
+    q_BxTxHxDh: rotated queries.
+    k_BxTxKxDh: rotated keys of the same T tokens.
+    v_BxTxKxDh: their values.
+    key_mask_BxT: True where the token is real (not padding).
+    block: queries per block.
+
+  Returns:
+    out_BxTxHxDh in v's dtype.
+  """
+  t = q_BxTxHxDh.shape[1]
+  outs = []
+  for start in range(0, t, block):
+    stop = min(start + block, t)
+    mask_BxQxS = attention_mask(
+        key_mask_BxT[:, :stop],
+        jnp.broadcast_to(jnp.arange(start, stop), (q_BxTxHxDh.shape[0], stop - start)))
+    outs.append(attend(q_BxTxHxDh[:, start:stop], k_BxTxKxDh[:, :stop],
+                       v_BxTxKxDh[:, :stop], mask_BxQxS))
+  return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
+
+
 def swiglu(x_BxTxD: jax.Array, gate_DxF: jax.Array, up_DxF: jax.Array,
            down_FxD: jax.Array) -> jax.Array:
   """Qwen2's MLP: down(silu(gate(x)) * up(x)), no biases."""
