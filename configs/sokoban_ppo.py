@@ -1,6 +1,6 @@
 r"""Sokoban with PPO (GAE + a separate critic), RAGEN's `_2_sokoban` at CPU scale: the default run.
 
-  python launch.py --config=configs/sokoban_ppo.py                 # ~16 min on 2 CPU cores
+  python launch.py --config=configs/sokoban_ppo.py                 # ~8 min on 2 CPU cores
   python launch.py --config=configs/sokoban_ppo.py:smoke           # < 2 min, for tests
   python launch.py --config=configs/sokoban_ppo.py:qwen2.5-0.5b \
       --config.model.checkpoint=/path/to/Qwen2.5-0.5B-Instruct     # RAGEN's sizes
@@ -25,7 +25,7 @@ def get_config(arg=None):
   config.ppo = cs.ppo_section(adv_estimator="gae", actor_lr=1e-4, critic_lr=5e-4,
                               num_minibatches=2)
   config.sft = cs.sft_section()          # steps=0: the shipped warm start is the SFT
-  # CPU: 15 steps (RAGEN 200) fit the 20-minute budget (~60 s per step on 2 cores);
+  # CPU: 15 steps (RAGEN 200), ~25 s each on 2 cores (about 8 min in all);
   # validation at 0, 5, 10, 15.
   config.trainer = cs.trainer_section(total_steps=15, eval_every=5, save_every=5)
   config.diagnostics = cs.diagnostics_section()
