@@ -218,7 +218,7 @@ class Decoder(nnx.Module):
       layer = jax.checkpoint(layer, prevent_cse=False)
     caches = ((None, None) if cache is None
               else (cache.k_LxBxSxKxDh, cache.v_LxBxSxKxDh))
-    x_BxTxD, new_kv = jax.lax.scan(layer, x_BxTxD, xs=
+    x_BxTxD, new_kv = jax.lax.scan(layer, x_BxTxD,
                                    (self.layers.stacked(), *caches))
     hidden_BxTxD = ops.rms_norm(x_BxTxD, self.final_norm[...], c.rms_norm_eps)
     if cache is None:
