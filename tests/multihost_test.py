@@ -35,8 +35,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Collapse diagnostics at step 1 only (compute_freq=3): one compilation fewer per launch.
 SMOKE = ["launch.py", "--config=configs/sokoban_ppo.py:smoke", "--config.mesh.data=1",
          "--config.mesh.fsdp=2", "--config.mesh.tensor=2", "--config.diagnostics.compute_freq=3"]
-# Float reductions; everything else (counts, successes, lengths, rewards) must be identical.
-_TOLERANT = ("actor/", "critic/", "collapse/")
+# Float reductions (the probability gap is round-off itself, so only its absolute size is
+# compared); everything else (counts, successes, lengths, rewards) must be identical.
+_TOLERANT = ("actor/", "critic/", "collapse/", "training/rollout_probs_diff")
 _RTOL, _ATOL = 1e-5, 1e-6
 _TIMEOUT_S = 300
 
