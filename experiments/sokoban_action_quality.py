@@ -1,0 +1,118 @@
+r"""How often a Sokoban policy's move is one an optimal solver would make.
+
+  python -m experiments.sokoban_action_quality RUN/eval/step_0.jsonl [RUN2/eval/step_15.jsonl ...]
+  python -m experiments.sokoban_action_quality --random_play=5     # chance on the default's levels
+
+Success rates on 64 validation levels move in steps of 1.6 points and mix planning with luck;
+this asks a sharper question of the same trajectories (the `eval/step_N.jsonl` files a run
+writes). For every turn whose state is still solvable within `--depth` moves, the reply's first
+action is optimal when it shortens the breadth-first solution (`envs.sokoban.solve`) by exactly
+one move. The same states also give the share a uniformly random first action would reach, so
+the figure can be read against chance; `--random_play=N` also plays the config's validation
+levels (of `--env`, any environment) N times with uniformly random actions: the success of
+chance. Used in BENCHMARKS.md (issue #6) to tell a policy that plans from one that guesses.
+"""
+import argparse
+import json
+import re
+from typing import Dict, Iterable, List
+
+import jax
+
+from ragen_jax import envs
+from ragen_jax import rollout as rollout_lib
+from ragen_jax import tokenizers
+from ragen_jax.rollout import prompts
+from ragen_jax.train import demos
+from ragen_jax.train import experiment
+from ragen_jax.train import launch_utils
+
+_GRID = re.compile(r"Grid Map: *\n(.*?)\n(?:You have|$)", re.S)
+
+
+def turn_states(rows: Iterable[dict]):
+  """Yields (grid text shown to the policy, its reply) for every Sokoban turn."""
+  for row in rows:
+    if row.get("env") != "sokoban":
+      continue
+    messages = row["messages"]
+    for prev, msg in zip(messages, messages[1:]):
+      if msg["role"] == "assistant" and prev["role"] == "user":
+        match = _GRID.search(prev["content"])
+        if match:
+          yield match.group(1).strip("\n"), msg["content"]
+
+
+def action_quality(rows: Iterable[dict], env=None, depth: int = 20) -> Dict[str, float]:
+  """{'turns', 'optimal_share', 'random_share'} over the solvable turns of `rows`."""
+  env = env or envs.make("sokoban")
+  step = jax.jit(env.step)
+  key = jax.random.key(0)         # Sokoban's step is deterministic; the key is unused.
+  turns, optimal, random_share = 0, 0, 0.0
+  for grid, reply in turn_states(rows):
+    state = env.from_text(grid)
+    plan = envs.sokoban.solve(state, depth)
+    if not plan:                  # unsolvable within depth (or already solved): no optimal move
+      continue
+    good: List[bool] = []
+    for a in range(env.num_actions):
+      after = envs.sokoban.solve(step(key, state, a)[0], depth)
+      good.append(after is not None and len(after) == len(plan) - 1)
+    turns += 1
+    random_share += sum(good) / len(good)
+    words = prompts.parse_response(reply, True, "||", 1).actions
+    chosen, _ = prompts.match_actions(words, env.action_names)
+    optimal += bool(chosen) and good[chosen[0]]
+  if not turns:
+    raise ValueError("no solvable Sokoban turns in these trajectories")
+  return {"turns": turns, "optimal_share": optimal / turns, "random_share": random_share / turns}
+
+
+def random_play_success(config_spec: str, plays: int, random_prob: float = 1.0,
+                        env_name: str = "sokoban") -> List[float]:
+  """Success of uniformly random actions on the config's validation levels of `env_name`, per
+  play (`random_prob` < 1 mixes in the expert's moves, as the demonstrations do)."""
+  exp = experiment.from_config(launch_utils.load_config_file(config_spec))
+  spec = next((e for e in exp.envs if e.name == env_name), None)
+  if spec is None:
+    raise ValueError(f"{config_spec} has no {env_name} environment")
+  engine = rollout_lib.Rollout(spec.make(validation=True), tokenizers.load("sentencepiece"),
+                               spec.rollout_config(exp.rollout, validation=True))
+  batch = engine.config.env_groups
+  out = []
+  for play in range(plays):
+    policy = demos.expert_policy(engine.env, engine.config, random_prob, seed=play)
+    wins = []
+    for start in range(0, spec.val_groups, batch):
+      result = engine.run_scripted(policy, jax.random.key(play), exp.seed.val + start)
+      keep = min(batch, spec.val_groups - start) * exp.rollout.val_group_size
+      wins.extend(float(x) for x in result.metrics["success"][:keep])
+    out.append(sum(wins) / len(wins))
+  return out
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("files", nargs="*", help="eval/step_N.jsonl files of runs")
+  parser.add_argument("--depth", type=int, default=20, help="solver depth limit (moves)")
+  parser.add_argument("--random_play", type=int, default=0,
+                      help="also play the validation levels this many times at random")
+  parser.add_argument("--config", default="configs/sokoban_ppo.py",
+                      help="config whose validation levels --random_play plays")
+  parser.add_argument("--env", default="sokoban", help="environment --random_play plays")
+  args = parser.parse_args(argv)
+  if args.random_play:
+    wins = random_play_success(args.config, args.random_play, env_name=args.env)
+    print(f"random play on {args.config}'s {args.env} validation levels: success "
+          + ", ".join(f"{w:.1%}" for w in wins) + f" (mean {sum(wins) / len(wins):.1%})")
+  if args.files:
+    print("| file | solvable turns | first action optimal | random first action |")
+    print("| --- | ---: | ---: | ---: |")
+  for path in args.files:
+    with open(path) as f:
+      q = action_quality((json.loads(line) for line in f), depth=args.depth)
+    print(f"| {path} | {q['turns']} | {q['optimal_share']:.1%} | {q['random_share']:.1%} |")
+
+
+if __name__ == "__main__":
+  main()
