@@ -20,12 +20,12 @@ from typing import Dict, Iterable, List
 import jax
 
 from ragen_jax import envs
-from ragen_jax import rollout as rollout_lib
 from ragen_jax import tokenizers
 from ragen_jax.rollout import prompts
 from ragen_jax.train import demos
 from ragen_jax.train import experiment
 from ragen_jax.train import launch_utils
+from ragen_jax.train import validation
 
 _GRID = re.compile(r"Grid Map: *\n(.*?)\n(?:You have|$)", re.S)
 
@@ -76,8 +76,7 @@ def random_play_success(config_spec: str, plays: int, random_prob: float = 1.0,
   spec = next((e for e in exp.envs if e.name == env_name), None)
   if spec is None:
     raise ValueError(f"{config_spec} has no {env_name} environment")
-  engine = rollout_lib.Rollout(spec.make(validation=True), tokenizers.load("sentencepiece"),
-                               spec.rollout_config(exp.rollout, validation=True))
+  engine = validation.engines(exp, tokenizers.load("sentencepiece"))[spec.tag]
   batch = engine.config.env_groups
   out = []
   for play in range(plays):
