@@ -77,14 +77,12 @@ def random_play_success(config_spec: str, plays: int, random_prob: float = 1.0,
   if spec is None:
     raise ValueError(f"{config_spec} has no {env_name} environment")
   engine = validation.engines(exp, tokenizers.load("sentencepiece"))[spec.tag]
-  batch = engine.config.env_groups
   out = []
   for play in range(plays):
     policy = demos.expert_policy(engine.env, engine.config, random_prob, seed=play)
     wins = []
-    for start in range(0, spec.val_groups, batch):
-      result = engine.run_scripted(policy, jax.random.key(play), exp.seed.val + start)
-      keep = min(batch, spec.val_groups - start) * exp.rollout.val_group_size
+    for _, seed, keep in validation.batches(exp, spec, engine):
+      result = engine.run_scripted(policy, jax.random.key(play), seed)
       wins.extend(float(x) for x in result.metrics["success"][:keep])
     out.append(sum(wins) / len(wins))
   return out

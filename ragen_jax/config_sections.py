@@ -24,6 +24,8 @@ def env_section(name: str, *, options: dict, render_format: str, max_actions_per
   env.max_tokens_hint = max_tokens_hint            # "Max response length: N words" in the prompt
   env.train_groups = train_groups                  # env groups of this tag per training step
   env.val_groups = val_groups                      # validation groups (seeds seed.val + g)
+  env.sft_batches = 1                              # demonstration batches of this tag in each
+                                                   # round of the SFT warm start's mix
   return env
 
 

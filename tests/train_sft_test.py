@@ -93,3 +93,22 @@ def test_sft_config_rejects_bad_values():
     sft.SFTConfig(random_prob=1.5)
   with pytest.raises(ValueError, match="batch_size"):
     sft.SFTConfig(batch_size=0)
+
+
+def test_batch_schedule_interleaves_the_weighted_mix():
+  assert sft.batch_schedule({"a": 3, "b": 1}) == ["a", "b", "a", "a"]
+  assert sft.batch_schedule({"s": 4, "f": 2, "b": 2}) == ["s", "f", "b", "s", "f", "b", "s", "s"]
+  assert sft.batch_schedule({"x": 1, "y": 1}) == ["x", "y"]
+
+
+def test_demo_stream_draws_each_environment_by_its_weight(tok):
+  # Two tags of the cheap Bandit; one refill of 4 levels is exactly one batch of 4.
+  engines = {"a": engine(tok, "bandit", groups=4, max_turns=1, actions=1),
+             "b": engine(tok, "bandit", groups=4, max_turns=1, actions=1)}
+  cfg = sft.SFTConfig(batch_size=4)
+  stream = sft.DemoStream(engines, cfg, tok.pad_id, weights={"a": 2, "b": 1})
+  for _ in range(6):
+    stream.next()
+  assert stream.rounds == {"a": 4, "b": 2}
+  with pytest.raises(ValueError, match="every environment needs a weight"):
+    sft.DemoStream(engines, cfg, tok.pad_id, weights={"a": 1})

@@ -52,6 +52,7 @@ class EnvSpec:
   max_tokens_hint: int
   train_groups: int
   val_groups: int
+  sft_batches: int = 1
 
   def make(self, validation: bool = False):
     options = dict(self.options)
@@ -162,9 +163,9 @@ def _env_spec(tag: str, section) -> EnvSpec:
   options, val_options = hashable(section.options), hashable(section.val_options)
   spec = EnvSpec(tag, section.name, options, val_options, section.render_format,
                  section.max_actions_per_traj, section.max_tokens_hint, section.train_groups,
-                 section.val_groups)
+                 section.val_groups, section.get("sft_batches", 1))  # absent in older runs' configs
   _positive(where, spec, ("max_actions_per_traj", "max_tokens_hint", "train_groups",
-                          "val_groups"))
+                          "val_groups", "sft_batches"))
   try:
     spec.make()
     spec.make(validation=True)

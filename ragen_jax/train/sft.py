@@ -12,7 +12,7 @@ Dimensions: B sequences per batch, T tokens.
 """
 import dataclasses
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import flax
 from flax import nnx
@@ -101,12 +101,23 @@ def pad_to_multiple(x_BxT: np.ndarray, multiple: int, value) -> np.ndarray:
   return np.pad(x_BxT, ((0, 0), (extra, 0)), constant_values=value) if extra else x_BxT
 
 
-class DemoStream:
-  """Endless demonstration batches; batch i comes from engine i mod E (one per environment),
-  so a batch is padded only to its own environment's lengths."""
+def batch_schedule(weights: Dict[str, int]) -> List[str]:
+  """One round of the demonstration mix: each environment `weights[name]` times, interleaved
+  (weights {a: 3, b: 1} give [a, b, a, a]) so no environment is absent for long."""
+  return [name for k in range(max(weights.values())) for name, w in weights.items() if w > k]
 
-  def __init__(self, engines: Dict[str, Any], cfg: SFTConfig, pad_id: int):
+
+class DemoStream:
+  """Endless demonstration batches, each from one environment (so it is padded only to that
+  environment's lengths), cycling through `batch_schedule(weights)` (default: one each)."""
+
+  def __init__(self, engines: Dict[str, Any], cfg: SFTConfig, pad_id: int,
+               weights: Optional[Dict[str, int]] = None):
     self.engines, self.cfg, self.pad_id = engines, cfg, pad_id
+    self.schedule = batch_schedule(weights or {name: 1 for name in engines})
+    if set(self.schedule) != set(engines):
+      raise ValueError(f"SFT weights name {sorted(set(self.schedule))}, the environments are "
+                       f"{sorted(engines)}; every environment needs a weight >= 1")
     self.policies = {name: demos.expert_policy(e.env, e.config, cfg.random_prob, cfg.seed + i)
                      for i, (name, e) in enumerate(engines.items())}
     self.buffers = {name: [] for name in engines}
@@ -128,7 +139,7 @@ class DemoStream:
     self.rounds[name] = r + 1
 
   def next(self):
-    name = list(self.engines)[self.calls % len(self.engines)]
+    name = self.schedule[self.calls % len(self.schedule)]
     self.calls += 1
     while len(self.buffers[name]) < self.cfg.batch_size:
       self._refill(name)
@@ -141,14 +152,16 @@ class DemoStream:
 
 
 def finetune(model, engines: Dict[str, Any], cfg: SFTConfig,
-             log: Optional[Callable[[int, Dict[str, float]], None]] = None, log_every: int = 20):
-  """Fine-tunes a copy of `model` on expert demonstrations; returns (model, last metrics)."""
+             log: Optional[Callable[[int, Dict[str, float]], None]] = None, log_every: int = 20,
+             weights: Optional[Dict[str, int]] = None):
+  """Fine-tunes a copy of `model` on expert demonstrations; returns (model, last metrics).
+  `weights[name]`: batches of that environment per round of the mix (DemoStream)."""
   if cfg.steps == 0:
     return model, {}
   init, step = make_sft_step(model, cfg)
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   state = init(jax.tree.map(lambda a: jnp.array(a, copy=True), nnx.to_pure_dict(params)))
-  stream = DemoStream(engines, cfg, next(iter(engines.values())).tok.pad_id)
+  stream = DemoStream(engines, cfg, next(iter(engines.values())).tok.pad_id, weights)
   start, metrics = time.perf_counter(), {}
   for i in range(cfg.steps):
     tokens, attn, loss_mask = stream.next()

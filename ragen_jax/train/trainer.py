@@ -197,10 +197,13 @@ class _Run:
         rc = e.rollout_config(self.exp.rollout, validation=False)
         rc = dataclasses.replace(rc, env_groups=rc.env_groups * rc.group_size, group_size=1)
         sft_engines[e.tag] = rollout_lib.Rollout(e.make(), self.tok, rc, self.sharder)
+      weights = {e.tag: e.sft_batches for e in self.exp.envs}
       logging.info("warm start: %d steps of supervised fine-tuning on expert demonstrations "
-                   "(%.0f%% random actions)", self.exp.sft.steps, 100 * self.exp.sft.random_prob)
+                   "(%.0f%% random actions; batches per round %s)", self.exp.sft.steps,
+                   100 * self.exp.sft.random_prob, weights)
       self.model, _ = sft_lib.finetune(
           self.model, sft_engines, self.exp.sft,
+          weights=weights,
           log=lambda i, m: (self.writer.scalars(i, m),
                             logging.info("sft step %d: %s", i, _fmt(m))))
     return distributed.put(self._new_state(jax.random.key(self.exp.seed.init)),

@@ -24,6 +24,13 @@ def engines(exp, tokenizer, sharder=None) -> Dict[str, rollout_lib.Rollout]:
           for e in exp.envs}
 
 
+def batches(exp, spec, engine):
+  """(start group, level seed, episodes to keep) of each validation batch of one tag."""
+  size, k = engine.config.env_groups, exp.rollout.val_group_size
+  for start in range(0, spec.val_groups, size):
+    yield start, exp.seed.val + start, min(size, spec.val_groups - start) * k
+
+
 def run(exp, val_engines, model) -> Tuple[Dict[str, float], List[Dict[str, Any]]]:
   """(metrics, one record per episode) of `model` on every tag's validation levels."""
   key = jax.random.fold_in(jax.random.key(exp.seed.init), 7919)
@@ -32,9 +39,8 @@ def run(exp, val_engines, model) -> Tuple[Dict[str, float], List[Dict[str, Any]]
   for spec in exp.envs:
     engine = val_engines[spec.tag]
     per_episode = {}
-    for start in range(0, spec.val_groups, engine.config.env_groups):
-      keep = min(engine.config.env_groups, spec.val_groups - start) * k
-      result = engine.run(model, jax.random.fold_in(key, start), seed=exp.seed.val + start)
+    for start, seed, keep in batches(exp, spec, engine):
+      result = engine.run(model, jax.random.fold_in(key, start), seed=seed)
       for name, values in result.metrics.items():
         per_episode.setdefault(name, []).append(values[:keep])
       for i, ep in enumerate(result.episodes[:keep]):
