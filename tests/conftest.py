@@ -1,5 +1,8 @@
-"""Test-wide settings: strict JAX shape rules and reproducible property tests."""
+"""Test-wide settings: strict JAX shape rules, reproducible property tests, one compile cache."""
+import atexit
 import os
+import shutil
+import tempfile
 
 import hypothesis
 import jax
@@ -13,3 +16,16 @@ hypothesis.settings.register_profile("ci", derandomize=True, deadline=None,
                                      print_blob=True)
 hypothesis.settings.register_profile("dev", deadline=None, print_blob=True)
 hypothesis.settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+# One persistent XLA compilation cache per test session, shared with the subprocesses and
+# notebook kernels the tests start (they inherit the environment). The end-to-end tests compile
+# the same `:smoke` programs again and again, and on 2 CPU cores compiling is most of their time.
+# A fresh directory each session (removed at exit): no session reads another's entries.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  _cache_dir = tempfile.mkdtemp(prefix="ragen_jax_test_xla_cache_")
+  atexit.register(shutil.rmtree, _cache_dir, ignore_errors=True)
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache_dir
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                  float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))

@@ -43,9 +43,11 @@ _TIMEOUT_S = 300
 
 
 def _env(devices: int):
-  env = {k: v for k, v in os.environ.items()
-         if not k.startswith(("SLURM_", "OMPI_", "TPU_", "MEGASCALE_", "JAX_"))
-         and k != distributed.FORCE_ENV}
+  # No cluster variables (they would make the processes guess a cluster), but the test
+  # session's compilation cache (conftest.py) is kept.
+  cluster = lambda k: (k.startswith(("SLURM_", "OMPI_", "TPU_", "MEGASCALE_", "JAX_"))
+                       and not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE")))
+  env = {k: v for k, v in os.environ.items() if not cluster(k) and k != distributed.FORCE_ENV}
   return dict(env, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
               JAX_PLATFORMS="cpu")
 

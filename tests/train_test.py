@@ -122,7 +122,10 @@ def test_ctrl_c_saves_and_exits_cleanly_then_resumes_on_a_2x2x2_mesh(tmp_path):
   workdir = str(tmp_path / "interrupted")
   command = [sys.executable, "launch.py", f"--config={SMOKE}", f"--workdir={workdir}",
              "--config.trainer.total_steps=3", "--config.mesh.data=2", "--config.mesh.fsdp=2",
-             "--config.mesh.tensor=2"]
+             "--config.mesh.tensor=2",
+             # Diagnostics on sharded meshes are covered by multihost_test; off here, they
+             # would only add their compilations on 8 devices.
+             "--config.diagnostics.compute_freq=0"]
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
   proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)

@@ -52,7 +52,7 @@ class EnvSpec:
   max_tokens_hint: int
   train_groups: int
   val_groups: int
-  sft_batches: int = 1
+  sft_batches: int
 
   def make(self, validation: bool = False):
     options = dict(self.options)
