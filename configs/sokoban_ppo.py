@@ -22,8 +22,8 @@ def get_config(arg=None):
   config.model = cs.model_section()
   config.rollout = cs.cpu_rollout_section()
   # CPU: learning rates for a 1M-parameter model (RAGEN's 1e-6 / 1e-5 are for 0.5B-7B). Actor 1e-5:
-  # at 1e-4 the warm start's success falls 45% -> 33% in 15 steps, as the policy learns to play
-  # one action per turn (fewer -0.1 step penalties, too few moves to finish); see BENCHMARKS.md.
+  # at 1e-4 (or 3e-5 for longer) the warm start's success falls (45% -> 33% in 15 steps) as the
+  # policy drifts to one action per turn, too few moves to finish; see BENCHMARKS.md.
   config.ppo = cs.ppo_section(adv_estimator="gae", actor_lr=1e-5, critic_lr=5e-4,
                               num_minibatches=2)
   config.sft = cs.sft_section()          # steps=0: the shipped warm start is the SFT

@@ -36,6 +36,9 @@ def sokoban_env(**overrides) -> ml_collections.ConfigDict:
       num_boxes=1,              # boxes (= targets)
       max_steps=100,            # env step limit (the action budget binds first)
       search_depth=40,          # steps of each reverse walk in level generation
+      step_reward=-0.1,         # every step (gym-sokoban's rewards, as RAGEN keeps them)
+      box_on_target_reward=1.0,  # a box onto a target (minus this for one taken off)
+      solved_reward=10.0,       # every box on a target
   ), render_format="grid_coord", max_actions_per_traj=10, max_tokens_hint=120,
       train_groups=8, val_groups=64)
   env.update(overrides)

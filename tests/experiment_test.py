@@ -87,6 +87,15 @@ def test_unknown_env_option_is_named():
     experiment.from_config(config)
 
 
+def test_sokoban_rewards_are_config_knobs_reaching_the_env():
+  config = load("sokoban_ppo")
+  assert experiment.from_config(config).envs[0].make().step_reward == pytest.approx(-0.1)
+  config.envs.sokoban.options.step_reward = 0      # an int override, as from the command line
+  config.envs.sokoban.options.solved_reward = 5.0
+  env = experiment.from_config(config).envs[0].make()
+  assert (env.step_reward, env.box_on_target_reward, env.solved_reward) == (0.0, 1.0, 5.0)
+
+
 def test_override_typos_name_the_valid_keys():
   config = load("sokoban_ppo")
   config_sections.check_overrides(config, ["--config.rollout.group_size=4", "--workdir=x"])
