@@ -4,8 +4,8 @@
     train_step = make_train_step(actor, critic_or_None, ppo_config)
     state, metrics = train_step(state, batch, key)       # batch: ragen_jax.batch.RolloutBatch
 
-Inside one compiled call: rollout filter (a keep mask over episodes, so shapes never change),
-a no-gradient pass for old log-probs, entropies, critic values and reference log-probs,
+Inside one compiled call: rollout filter (a keep mask over episodes, so shapes never change;
+kept episodes are moved first and micro-batches holding none are not computed), a no-gradient pass for old log-probs, entropies, critic values and reference log-probs,
 advantages (batch-global whitening for GAE), then `lax.scan` over PPO epochs and shuffled
 minibatches with gradient accumulation over micro-batches, updating actor and critic with
 AdamW (decoupled weight decay, global-norm clip).
@@ -205,6 +205,12 @@ def make_train_step(actor_model, critic_model, cfg: PPOConfig, ref_model=None, j
         batch.scores_B, batch.group_ids_B, metric=cfg.filter_metric, strategy=cfg.filter_strategy,
         value=cfg.filter_value, filter_type=cfg.filter_type, include_zero=cfg.filter_include_zero,
         prob_mode=cfg.filter_prob_mode, eps=cfg.filter_eps)
+    # Kept episodes first (stable), so that dropped ones fill whole trailing micro-batches whose
+    # forward and backward passes are skipped below: a half-filtered batch costs about half.
+    # Nothing per-episode leaves the step, so the order is free.
+    perm_B = jnp.argsort(~keep_B, stable=True)
+    batch, keep_B = jax.tree.map(lambda x: x[perm_B], (batch, keep_B))
+    tokens, attn = tokens[perm_B], attn[perm_B]
     mask = (batch.loss_mask_BxT > 0) & keep_B[:, None]
     maskf = mask.astype(jnp.float32)
 
@@ -222,8 +228,14 @@ def make_train_step(actor_model, critic_model, cfg: PPOConfig, ref_model=None, j
         out["ref_logp"] = actor_forward(state.ref_params, ref_gd, ref_rest, t, a, False)[0]
       return out
 
+    def old_pass_if_kept(chunk):
+      t, a, k = chunk
+      zeros = lambda: jax.tree.map(jnp.zeros_like, jax.eval_shape(old_pass, (t, a)))
+      return lax.cond(jnp.any(k), lambda: old_pass((t, a)), zeros)
+
     chunks = b // u
-    old = lax.map(old_pass, (tokens.reshape(chunks, u, -1), attn.reshape(chunks, u, -1)))
+    old = lax.map(old_pass_if_kept, (tokens.reshape(chunks, u, -1), attn.reshape(chunks, u, -1),
+                                     keep_B.reshape(chunks, u)))
     old = jax.tree.map(lambda x: lax.stop_gradient(x.reshape(b, -1)), old)
     old_logp = old["logp"] if cfg.recompute_old_logprobs else batch.logprobs_BxT.astype(jnp.float32)
 
@@ -255,9 +267,11 @@ def make_train_step(actor_model, critic_model, cfg: PPOConfig, ref_model=None, j
 
       def micro(acc, xs):
         mb, w = xs
-        ag, cg, met = micro_grads(ap, cp, mb)
-        acc = jax.tree.map(lambda s, g: s + w * g, acc, (ag, cg, met))
-        return acc, None
+
+        def add(acc):
+          ag, cg, met = micro_grads(ap, cp, mb)
+          return jax.tree.map(lambda s, g: s + w * g, acc, (ag, cg, met))
+        return lax.cond(w > 0, add, lambda acc: acc, acc), None   # w = 0: nothing kept
 
       zero = jax.tree.map(jnp.zeros_like, jax.eval_shape(micro_grads, ap, cp,
                                                          jax.tree.map(lambda x: x[0], mbs)))
