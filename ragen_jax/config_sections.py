@@ -317,7 +317,13 @@ def _hardware_variant(config, preset: str, hardware: str) -> None:
   config.model.remat = True            # a [U, 3600, D] residual per layer instead of all internals
   if hardware == "v5e8":
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, 8, 1
-  episodes = sum(e.train_groups for e in config.envs.values()) * config.rollout.group_size
+  groups = sum(e.train_groups for e in config.envs.values())
+  if preset == "qwen2.5-3b" and hardware == "h100":
+    # 80 GB hold the 3B's ~46 GiB of fp32 weights and AdamW moments plus the KV cache of at most
+    # 64 episodes x 3600 tokens (8.5 GiB): more groups (sokoban_ppo samples 8) take smaller ones.
+    while groups * config.rollout.group_size > 64 and config.rollout.group_size > 1:
+      config.rollout.group_size //= 2
+  episodes = groups * config.rollout.group_size
   per_minibatch = episodes // config.ppo.num_minibatches
   config.ppo.micro_batches = max(1, per_minibatch // 8)   # 8 sequences per micro-batch
   if preset == "qwen2.5-3b":

@@ -231,10 +231,11 @@ def test_filter_masks_groups_and_skips_empty_steps(adamw_setup):
 
 
 def test_filtered_update_equals_update_on_the_kept_episodes_alone():
-  """Dropped episodes change nothing, and the micro-batches they fill are skipped, not trained.
+  """The step skips micro-batches holding only dropped episodes; the update must not change.
 
   The groups interleave (so kept episodes must be moved first); the kept half of an 8-episode
-  batch in two minibatches must train exactly as the 4 kept episodes do in one.
+  batch in two minibatches (the second, all dropped, skipped) must train exactly as the 4 kept
+  episodes do in one.
   """
   actor = models.create(MODEL, jax.random.key(0))
   sgd = optax.sgd(0.1)

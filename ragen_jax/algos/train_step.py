@@ -5,8 +5,9 @@
     state, metrics = train_step(state, batch, key)       # batch: ragen_jax.batch.RolloutBatch
 
 Inside one compiled call: rollout filter (a keep mask over episodes, so shapes never change;
-kept episodes are moved first and micro-batches holding none are not computed), a no-gradient pass for old log-probs, entropies, critic values and reference log-probs,
-advantages (batch-global whitening for GAE), then `lax.scan` over PPO epochs and shuffled
+kept episodes are moved first and micro-batches holding none are not computed), a no-gradient
+pass for old log-probs, entropies, critic values and reference log-probs, advantages
+(batch-global whitening for GAE), then `lax.scan` over PPO epochs and shuffled
 minibatches with gradient accumulation over micro-batches, updating actor and critic with
 AdamW (decoupled weight decay, global-norm clip).
 
