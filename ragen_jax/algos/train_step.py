@@ -195,8 +195,7 @@ def make_train_step(actor_model, critic_model, cfg: PPOConfig, ref_model=None, j
   # ------------------------------------------------------------------ the step
 
   def train_step(state: TrainState, batch, key):
-    tokens, attn = batch.tokens_BxT.astype(jnp.int32), batch.attention_mask_BxT.astype(jnp.int32)
-    b, _ = tokens.shape
+    b = batch.tokens_BxT.shape[0]
     cfg.check_batch(b)
     n_mb, n_micro = cfg.num_minibatches, cfg.micro_batches
     u = b // (n_mb * n_micro)
@@ -211,7 +210,7 @@ def make_train_step(actor_model, critic_model, cfg: PPOConfig, ref_model=None, j
     # Nothing per-episode leaves the step, so the order is free.
     perm_B = jnp.argsort(~keep_B, stable=True)
     batch, keep_B = jax.tree.map(lambda x: x[perm_B], (batch, keep_B))
-    tokens, attn = tokens[perm_B], attn[perm_B]
+    tokens, attn = batch.tokens_BxT.astype(jnp.int32), batch.attention_mask_BxT.astype(jnp.int32)
     mask = (batch.loss_mask_BxT > 0) & keep_B[:, None]
     maskf = mask.astype(jnp.float32)
 
