@@ -29,3 +29,16 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
 jax.config.update("jax_persistent_cache_min_compile_time_secs",
                   float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
+
+
+# The end-to-end files hold most of the suite's time. Collected first (with pytest-xdist's
+# `--dist loadfile` in pytest.ini), they start first on the two workers of the README's command
+# instead of last, when the other worker would have little left to run beside them.
+_LONG_FILES = ("multihost_test.py", "train_test.py", "sharding_test.py", "notebooks_test.py")
+
+
+def pytest_collection_modifyitems(items):
+  def rank(item):
+    name = os.path.basename(str(item.fspath))
+    return _LONG_FILES.index(name) if name in _LONG_FILES else len(_LONG_FILES)
+  items.sort(key=rank)   # stable: the order within and among the other files is kept

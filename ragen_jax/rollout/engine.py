@@ -38,8 +38,6 @@ returns the same RolloutResult as a single process would.
 Dimension legend: G env groups, B = G x group_size episodes, A max actions per turn,
 C appended chunk length (bucketed), N max new tokens per turn, S cache capacity, T sequence.
 """
-import dataclasses
-import functools
 import time
 from typing import Any, Callable, Dict, List
 
@@ -53,105 +51,11 @@ from ragen_jax import models
 from ragen_jax import sampling
 from ragen_jax.batch import RolloutBatch
 from ragen_jax.rollout import prompts
+from ragen_jax.rollout.episodes import Episode
+from ragen_jax.rollout.episodes import env_functions
+from ragen_jax.rollout.episodes import RolloutConfig
+from ragen_jax.rollout.episodes import RolloutResult
 from ragen_jax.tokenizers import base as tok_base
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-  """Knobs of one rollout (RAGEN's defaults)."""
-  env_groups: int = 8              # groups; each shares one start state
-  group_size: int = 16             # episodes per group
-  max_turns: int = 5               # agent_proxy.max_turn
-  max_actions_per_turn: int = 2    # answer words kept per turn
-  max_actions_per_traj: int = 10   # action budget of an episode
-  action_sep: str = "||"
-  format_penalty: float = -0.1     # per turn with a missing tag, unknown or no action
-  enable_think: bool = True        # <think>...</think><answer>...</answer> format
-  max_new_tokens: int = 400        # per turn (RAGEN response_length)
-  max_context: int = 3600          # tokens of a whole conversation (RAGEN max_model_len)
-  max_turn_tokens: int = 512       # longest appended user turn (sizes the cache slack)
-  temperature: float = 1.0
-  top_p: float = 1.0
-  top_k: int = 0
-  render_format: str = "grid"      # grid | coord | grid_coord
-  max_tokens_hint: int = 100       # the prompt's "Max response length: N words (tokens)."
-  use_turn_scores: bool = False    # also put each turn's reward on its last token
-  instruction: str | None = None   # None: RAGEN's instruction for the env
-
-  def __post_init__(self):
-    for name in ("env_groups", "group_size", "max_turns", "max_actions_per_turn",
-                 "max_actions_per_traj", "max_new_tokens", "max_turn_tokens"):
-      if getattr(self, name) < 1:
-        raise ValueError(f"rollout {name} must be positive, got {getattr(self, name)}")
-    if self.max_context <= self.max_new_tokens:
-      raise ValueError("rollout max_context must exceed max_new_tokens")
-
-
-@dataclasses.dataclass
-class Episode:
-  """Host record of one episode."""
-  tokens: List[int]
-  loss: List[int]
-  logprobs: List[float]
-  rewards: List[float]
-  messages: List[Dict[str, str]]
-  action_names: tuple
-  actions_left: int
-  turns: int = 0
-  done: bool = False
-  success: bool = False
-  env_return: float = 0.0
-  penalty: float = 0.0
-  num_actions: int = 0
-  num_effective: int = 0
-  valid_turns: int = 0
-  context_truncated: bool = False
-  last_reply_end: int = -1  # index in tokens of the last sampled token
-  reply_starts: List[int] = dataclasses.field(default_factory=list)  # first sampled token per turn
-  turn_rewards: List[float] = dataclasses.field(default_factory=list)  # env reward + penalty per turn
-
-
-@dataclasses.dataclass
-class RolloutResult:
-  batch: RolloutBatch
-  metrics: Dict[str, np.ndarray]   # per episode, [B]
-  summary: Dict[str, float]        # batch means, pass@group_size, cost counters, timings
-  episodes: List[Dict[str, Any]]   # messages, success, reward, turns (for JSON logs)
-
-
-def _step_batch(env, states, actions_BxA, key, offset=0, total=None):
-  """Plays each episode's actions in order until done; -1 slots are skipped.
-
-  The rows are episodes offset .. offset + b - 1 of a batch of `total` (default b): their keys
-  are those rows of the whole batch's keys, whichever process steps them.
-  """
-  b, a = actions_BxA.shape
-  total = b if total is None else total
-  keys_BxA = jax.random.split(key, total * a).reshape(total, a)[offset:offset + b]
-
-  def one(state, actions_A, keys_A):
-    def body(carry, x):
-      state, reward, n_exec, n_eff, success = carry
-      action, k = x
-      take = (action >= 0) & ~state.done
-      new, r, _, info = env.step(k, state, jnp.maximum(action, 0))
-      state = jax.tree.map(lambda n, o: jnp.where(take, n, o), new, state)
-      return (state, reward + jnp.where(take, r, 0.0), n_exec + take,
-              n_eff + (take & info["action_is_effective"]),
-              success | (take & info["success"])), None
-    zero = jnp.zeros((), jnp.int32)
-    carry, _ = jax.lax.scan(body, (state, jnp.float32(0.0), zero, zero, jnp.bool_(False)),
-                            (actions_A, keys_A))
-    return carry
-
-  return jax.vmap(one)(states, actions_BxA, keys_BxA)
-
-
-@functools.lru_cache(maxsize=None)
-def _env_functions(env):
-  """Jitted (reset over keys, step over the batch), shared by every Rollout of `env`."""
-  return jax.jit(env.reset_batch), jax.jit(functools.partial(_step_batch, env),
-                                            static_argnames=("offset", "total"))
 
 
 class Rollout:
@@ -182,7 +86,7 @@ class Rollout:
         max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p,
         top_k=c.top_k, stop_token_ids=(tokenizer.eos_id,), stop_sequences=(answer_end,),
         pad_id=tokenizer.pad_id)
-    self._reset, self._step = _env_functions(env)
+    self._reset, self._step = env_functions(env)
     self.instruction = (prompts.env_instruction(env, c.render_format)
                         if c.instruction is None else c.instruction)
     self._legend = env.grid_vocab if c.render_format != "coord" else {}
