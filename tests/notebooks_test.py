@@ -58,8 +58,8 @@ def test_qwen_notebook_chats_evaluates_and_trains_from_a_local_checkpoint(tmp_pa
                "envs.sokoban.train_groups": 2, "envs.sokoban.val_groups": 2,
                "ppo.num_minibatches": 2, "trainer.pad_multiple": 1024,
                "trainer.eval_every": 1,
-               # Collapse diagnostics over a 151,936-token vocabulary would double the
-               # compilations; the notebook shows none of them (tests/diagnostics_*_test.py do).
+               # Collapse diagnostics would add their own compilations over a 151,936-token
+               # vocabulary; the notebook shows none of them (tests/diagnostics_*_test.py do).
                "diagnostics.compute_freq": 0}
   nb = _run("qwen_checkpoint.ipynb", dict(
       REPO_URL="", CHECKPOINT=str(ckpt), CONFIG="configs/sokoban_ppo.py:qwen2.5-0.5b",
