@@ -11,6 +11,11 @@ one move. The same states also give the share a uniformly random first action wo
 the figure can be read against chance; `--random_play=N` also plays the config's validation
 levels (of `--env`, any environment) N times with uniformly random actions: the success of
 chance. Used in BENCHMARKS.md (issue #6) to tell a policy that plans from one that guesses.
+
+It also counts how a policy gets stuck (`loop_stats`): replies whose second move undoes the
+first (Up || Down), and turns after which the board is unchanged. A near-greedy policy (RAGEN
+validates at temperature 0.5) that meets the same board again gives the same reply, so such a
+turn usually repeats until the episode's turns run out.
 """
 import argparse
 import json
@@ -41,6 +46,42 @@ def turn_states(rows: Iterable[dict]):
         match = _GRID.search(prev["content"])
         if match:
           yield match.group(1).strip("\n"), msg["content"]
+
+
+_OPPOSITE = {"up": "down", "down": "up", "left": "right", "right": "left"}
+
+
+def episode_grids(row: dict) -> List[str]:
+  """The grids shown to the policy before each of its turns, in order."""
+  return [m.group(1).strip("\n") for msg in row["messages"] if msg["role"] == "user"
+          for m in [_GRID.search(msg["content"])] if m]
+
+
+def loop_stats(rows: Iterable[dict]) -> Dict[str, float]:
+  """{'replies', 'undo_share', 'turns', 'stuck_share', 'failed', 'failed_stuck_share'} over the
+  Sokoban episodes of `rows`: the share of replies holding a move followed by its opposite, of
+  turns after which the next grid equals this one, and of failed episodes with such a turn."""
+  replies = undo = turns = stuck = failed = failed_stuck = 0
+  for row in rows:
+    if row.get("env") != "sokoban":
+      continue
+    for _, reply in turn_states([row]):
+      words = [w.lower() for w in prompts.parse_response(reply, True, "||", 10).actions]
+      if words:
+        replies += 1
+        undo += any(_OPPOSITE.get(a) == b for a, b in zip(words, words[1:]))
+    grids = episode_grids(row)
+    same = [a == b for a, b in zip(grids, grids[1:])]
+    turns += len(same)
+    stuck += sum(same)
+    if not row["success"]:
+      failed += 1
+      failed_stuck += any(same)
+  if not replies:
+    raise ValueError("no Sokoban replies in these trajectories")
+  return {"replies": replies, "undo_share": undo / replies, "turns": turns,
+          "stuck_share": stuck / max(turns, 1), "failed": failed,
+          "failed_stuck_share": failed_stuck / max(failed, 1)}
 
 
 def action_quality(rows: Iterable[dict], env=None, depth: int = 20) -> Dict[str, float]:
@@ -103,12 +144,17 @@ def main(argv=None):
     print(f"random play on {args.config}'s {args.env} validation levels: success "
           + ", ".join(f"{w:.1%}" for w in wins) + f" (mean {sum(wins) / len(wins):.1%})")
   if args.files:
-    print("| file | solvable turns | first action optimal | random first action |")
-    print("| --- | ---: | ---: | ---: |")
+    print("| file | success | solvable turns | first action optimal | random first action | "
+          "replies that undo a move | turns leaving the board unchanged | failures with one |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
   for path in args.files:
     with open(path) as f:
-      q = action_quality((json.loads(line) for line in f), depth=args.depth)
-    print(f"| {path} | {q['turns']} | {q['optimal_share']:.1%} | {q['random_share']:.1%} |")
+      rows = [json.loads(line) for line in f]
+    q, loops = action_quality(rows, depth=args.depth), loop_stats(rows)
+    success = [bool(r["success"]) for r in rows if r.get("env") == "sokoban"]
+    print(f"| {path} | {sum(success) / len(success):.1%} | {q['turns']} | {q['optimal_share']:.1%} | "
+          f"{q['random_share']:.1%} | {loops['undo_share']:.1%} | {loops['stuck_share']:.1%} | "
+          f"{loops['failed_stuck_share']:.1%} |")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,31 @@ def test_first_actions_are_scored_against_the_solver_and_chance():
   assert q["random_share"] == pytest.approx(0.25)
 
 
+def _episode(grids, replies, success, env="sokoban"):
+  messages = [{"role": "system", "content": "rules"}]
+  for grid, reply in zip(grids, replies):
+    messages += [{"role": "user", "content": f"\nTurn 1:\nState:\nGrid Map: \n{grid}\nYou have"},
+                 {"role": "assistant", "content": reply}]
+  return {"env": env, "success": success, "messages": messages}
+
+
+def test_loop_stats_count_undone_moves_and_unchanged_boards():
+  moved = _GRID.replace("#_P__#", "#__P_#")
+  rows = [
+      # Up || Down twice on the same board: 2 undoing replies, 1 unchanged turn, a failure.
+      _episode([_GRID, _GRID], ["<think>x</think><answer>Up || Down</answer>"] * 2, False),
+      # A move that changes the board, then a malformed reply (no actions: not a reply counted).
+      _episode([_GRID, moved], ["<think>x</think><answer>Right || Up</answer>", "no tags"], True),
+      _episode([_GRID, _GRID], ["<think>x</think><answer>Up || Down</answer>"] * 2, False,
+               env="bandit"),                                   # another environment: skipped
+  ]
+  stats = quality.loop_stats(rows)
+  assert stats == {"replies": 3, "undo_share": pytest.approx(2 / 3), "turns": 2,
+                   "stuck_share": 0.5, "failed": 1, "failed_stuck_share": 1.0}
+  with pytest.raises(ValueError, match="no Sokoban replies"):
+    quality.loop_stats(rows[2:])
+
+
 def test_trajectories_without_sokoban_turns_are_an_error():
   with pytest.raises(ValueError, match="no solvable Sokoban turns"):
     quality.action_quality([_row("<answer>Up</answer>", env="bandit")])
