@@ -165,6 +165,16 @@ def test_scripted_sokoban_solution_and_junk(monkeypatch, model):
   np.testing.assert_allclose(m["format_penalty"][1], -0.4, atol=1e-6)
   assert m["num_actions"][1] == 3 and m["action_is_valid"][1] == pytest.approx(0.2)
   assert result.summary["pass@2"] == 0.5  # group 0 solved, group 1 (all junk) not
+  # turn_unchanged: every turn of the solution moves the board. The junk episode's turns 1, 3 and 5
+  # move nothing; turn 2 plays Up, turn 4 Up then Down (replayed here); the "x" episodes never move.
+  boards = [jax.tree.map(lambda x: x[i], starts)]
+  for actions in ((0,), (0, 1)):
+    board = boards[-1]
+    for action in actions:
+      board = env.step(jax.random.key(0), board, action)[0]
+    boards.append(board)
+  moved = sum(env.render(a) != env.render(b) for a, b in zip(boards, boards[1:]))
+  assert m["turn_unchanged"].tolist() == [0.0, pytest.approx((5 - moved) / 5), 1.0, 1.0]
   # The "Reward:" message after turn 1 of the junk episode shows the penalty (no valid action).
   users = [msg["content"] for msg in result.episodes[1]["messages"] if msg["role"] == "user"]
   assert users[1].startswith("Reward:\n-0.1\n\nTurn 2:\n")

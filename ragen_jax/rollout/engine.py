@@ -26,7 +26,9 @@ Differences from RAGEN: trained tokens are the raw samples (RAGEN re-tokenises a
 reply); one format penalty per offending turn; an over-long context stops the episode rather
 than dropping the oldest turns (which would invalidate the cached keys of every later turn).
 Metrics: `action_is_valid` is the share of turns without a format penalty, `action_is_effective`
-the share of executed actions that changed the state.
+the share of executed actions that changed the state, `turn_unchanged` (ours, not RAGEN's) the share of
+turns after which the state reads as before: a reply that moved nothing or undid itself, which a
+near-greedy policy meeting the same state again tends to repeat until its turns run out.
 
 Multi-process (ragen_jax.distributed): B is the global batch. Each process plays the episodes
 in the rows of the mesh its devices hold (`Rollout.rows`; host lists index these local rows);
@@ -302,8 +304,10 @@ class Rollout:
         # RAGEN shows the format penalty in the reward text when no valid action was made.
         shown = float(reward_B[i]) + (c.format_penalty if no_valid[i] else 0.0)
         pending[i] = prompts.reward_prompt(shown)
+        after = self._render(host, i)
+        ep.unchanged_turns += after == texts[i]
         if not ep.done:
-          texts[i] = self._render(host, i)
+          texts[i] = after
       timing["env_s"] += time.perf_counter() - tic
 
     if split:
@@ -364,6 +368,8 @@ class Rollout:
                                     np.float32),
         "action_is_effective": np.array([ep.num_effective / max(ep.num_actions, 1)
                                          for ep in eps], np.float32),
+        "turn_unchanged": np.array([ep.unchanged_turns / max(ep.turns, 1) for ep in eps],
+                                   np.float32),
         "format_penalty": np.array([ep.penalty for ep in eps], np.float32),
         "num_turns": np.array([ep.turns for ep in eps], np.float32),
         "response_length": np.array([sum(ep.loss) for ep in eps], np.float32),

@@ -62,6 +62,7 @@ class Episode:
   penalty: float = 0.0
   num_actions: int = 0
   num_effective: int = 0
+  unchanged_turns: int = 0  # turns after which the rendered state equals the one before
   valid_turns: int = 0
   context_truncated: bool = False
   last_reply_end: int = -1  # index in tokens of the last sampled token
