@@ -152,8 +152,8 @@ def main(argv=None):
       rows = [json.loads(line) for line in f]
     q, loops = action_quality(rows, depth=args.depth), loop_stats(rows)
     success = [bool(r["success"]) for r in rows if r.get("env") == "sokoban"]
-    print(f"| {path} | {sum(success) / len(success):.1%} | {q['turns']} | {q['optimal_share']:.1%} | "
-          f"{q['random_share']:.1%} | {loops['undo_share']:.1%} | {loops['stuck_share']:.1%} | "
+    print(f"| {path} | {sum(success) / len(success):.1%} | {q['turns']} | "
+          f"{q['optimal_share']:.1%} | {q['random_share']:.1%} | {loops['undo_share']:.1%} | {loops['stuck_share']:.1%} | "
           f"{loops['failed_stuck_share']:.1%} |")
 
 

@@ -26,9 +26,9 @@ Differences from RAGEN: trained tokens are the raw samples (RAGEN re-tokenises a
 reply); one format penalty per offending turn; an over-long context stops the episode rather
 than dropping the oldest turns (which would invalidate the cached keys of every later turn).
 Metrics: `action_is_valid` is the share of turns without a format penalty, `action_is_effective`
-the share of executed actions that changed the state, `turn_unchanged` (ours, not RAGEN's) the share of
-turns after which the state reads as before: a reply that moved nothing or undid itself, which a
-near-greedy policy meeting the same state again tends to repeat until its turns run out.
+the share of executed actions that changed the state, `turn_unchanged` (ours, not RAGEN's) the
+share of turns after which the state reads as before: a reply that moved nothing or undid itself,
+which a near-greedy policy meeting the same state again tends to repeat until its turns run out.
 
 Multi-process (ragen_jax.distributed): B is the global batch. Each process plays the episodes
 in the rows of the mesh its devices hold (`Rollout.rows`; host lists index these local rows);
