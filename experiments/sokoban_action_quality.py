@@ -51,12 +51,6 @@ def turn_states(rows: Iterable[dict]):
 _OPPOSITE = {"up": "down", "down": "up", "left": "right", "right": "left"}
 
 
-def episode_grids(row: dict) -> List[str]:
-  """The grids shown to the policy before each of its turns, in order."""
-  return [m.group(1).strip("\n") for msg in row["messages"] if msg["role"] == "user"
-          for m in [_GRID.search(msg["content"])] if m]
-
-
 def loop_stats(rows: Iterable[dict]) -> Dict[str, float]:
   """{'replies', 'undo_share', 'turns', 'stuck_share', 'failed', 'failed_stuck_share'} over the
   Sokoban episodes of `rows`: the share of replies holding a move followed by its opposite, of
@@ -65,13 +59,13 @@ def loop_stats(rows: Iterable[dict]) -> Dict[str, float]:
   for row in rows:
     if row.get("env") != "sokoban":
       continue
-    for _, reply in turn_states([row]):
+    turns_of_row = list(turn_states([row]))
+    for _, reply in turns_of_row:
       words = [w.lower() for w in prompts.parse_response(reply, True, "||", 10).actions]
       if words:
         replies += 1
         undo += any(_OPPOSITE.get(a) == b for a, b in zip(words, words[1:]))
-    grids = episode_grids(row)
-    same = [a == b for a, b in zip(grids, grids[1:])]
+    same = [a == b for (a, _), (b, _) in zip(turns_of_row, turns_of_row[1:])]
     turns += len(same)
     stuck += sum(same)
     if not row["success"]:
@@ -153,8 +147,8 @@ def main(argv=None):
     q, loops = action_quality(rows, depth=args.depth), loop_stats(rows)
     success = [bool(r["success"]) for r in rows if r.get("env") == "sokoban"]
     print(f"| {path} | {sum(success) / len(success):.1%} | {q['turns']} | "
-          f"{q['optimal_share']:.1%} | {q['random_share']:.1%} | {loops['undo_share']:.1%} | {loops['stuck_share']:.1%} | "
-          f"{loops['failed_stuck_share']:.1%} |")
+          f"{q['optimal_share']:.1%} | {q['random_share']:.1%} | {loops['undo_share']:.1%} | "
+          f"{loops['stuck_share']:.1%} | {loops['failed_stuck_share']:.1%} |")
 
 
 if __name__ == "__main__":
