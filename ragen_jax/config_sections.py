@@ -95,6 +95,8 @@ def rollout_section(*, max_turns: int, max_actions_per_turn: int,
   rollout.max_actions_per_turn = max_actions_per_turn  # answer words kept per turn
   rollout.action_sep = "||"            # separator between actions in <answer>
   rollout.format_penalty = -0.1        # per turn with a missing tag / bad or no action
+  rollout.unchanged_penalty = 0.0      # per training turn that leaves the state as it was
+                                       # (not RAGEN; validation rewards never carry it)
   rollout.enable_think = True          # <think>..</think><answer>..</answer> format
   rollout.max_new_tokens = max_new_tokens  # sampled tokens per turn (RAGEN response_length)
   rollout.max_context = 3600           # tokens per conversation (RAGEN max_model_len)
@@ -148,6 +150,7 @@ def ppo_section(**overrides) -> ml_collections.ConfigDict:
   ppo.critic = "separate"              # separate (RAGEN) | shared (value head on the actor)
   ppo.vf_coef = 1.0                    # value-loss weight of the shared critic
   ppo.recompute_old_logprobs = True    # old log-probs from the actor (veRL) vs the sampler
+  ppo.positive_advantages_only = False  # zero negative advantages: nothing pushed down (not RAGEN)
   ppo.filter_strategy = "top_p"        # StarPO-S rollout filter (algos.filtering.STRATEGIES)
   ppo.filter_value = 1.0               # 1.0 with top_p keeps everything (RAGEN default)
   ppo.filter_metric = "reward_variance"  # reward_variance | reward | reward_sum
@@ -170,6 +173,7 @@ def sft_section(**overrides) -> ml_collections.ConfigDict:
   sft.weight_decay = 0.0
   sft.grad_clip = 1.0
   sft.random_prob = 0.25               # share of demonstrated actions replaced by random ones
+  sft.undo_prob = 0.0                  # share of two-action replies taking back their first move
   sft.seed = 1000000                   # first level seed of the demonstrations
   sft.pad_multiple = 128               # sequence padding multiple (fewer compiled shapes)
   sft.update(overrides)

@@ -66,6 +66,7 @@ def test_unknown_variant_is_named():
     ("sft.random_prob", 2.0, "random_prob"),
     ("model.preset", "huge", "model.preset 'huge' is unknown"),
     ("model.dtype", "int8", "model.dtype"),
+    ("sft.undo_prob", -0.5, "undo_prob"),
 ])
 def test_bad_values_raise_clear_errors(key, value, message):
   config = load("sokoban_ppo")
@@ -113,3 +114,23 @@ def test_launch_rejects_a_typo_before_doing_anything(tmp_path):
   assert proc.returncode == 2
   assert "trainer has no 'total_step'" in proc.stderr and "total_steps" in proc.stderr
   assert not (tmp_path / "w").exists()
+
+
+def test_a_run_saved_before_keys_were_added_still_opens(tmp_path):
+  """A stored config lacking the keys in restore.ADDED_KEYS gets the values older runs had."""
+  import json  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from ragen_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  from ragen_jax.train import restore  # pylint: disable=g-import-not-at-top
+  stored = json.loads(load("sokoban_ppo").to_json())
+  for section, key in (("rollout", "unchanged_penalty"), ("ppo", "positive_advantages_only"),
+                       ("sft", "undo_prob")):
+    del stored[section][key]
+  ckpt = checkpoints.Checkpointer(str(tmp_path / "checkpoints"))
+  ckpt.save(3, {"x": np.zeros(2, np.float32)}, {"config": json.dumps(stored)})
+  ckpt.close()
+  config, _, step = restore.run_config(str(tmp_path))
+  assert step is None
+  exp = experiment.from_config(config)
+  assert exp.sft.undo_prob == 0.0
+  assert not exp.ppo.positive_advantages_only and exp.rollout.unchanged_penalty == 0.0

@@ -8,6 +8,8 @@ Two kinds of tests:
     independent BFS solver.
 Dimension legend: B episodes, T sequence, N new tokens per turn, V vocab.
 """
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -186,6 +188,16 @@ def test_scripted_sokoban_solution_and_junk(monkeypatch, model):
     if b < tokens.shape[1]:
       assert tokens[0, b] == TOK.eos_id
   np.testing.assert_allclose(np.asarray(result.batch.logprobs_BxT)[loss > 0], -0.5)
+  # The unchanged-turn penalty (-1 here) lowers each return by one per unchanged turn: 0 for the
+  # solution, 5 - moved for the junk, 5 for each "x" episode. Format penalties and the "Reward:"
+  # texts stay as they were.
+  shaped = scripted_run(monkeypatch, model, env, [solve, junk, ["x"] * 5, ["x"] * 5],
+                        dataclasses.replace(config, unchanged_penalty=-1.0), seed)
+  np.testing.assert_allclose(shaped.metrics["return"] - m["return"], [0, moved - 5, -5, -5],
+                             atol=1e-5)
+  np.testing.assert_allclose(shaped.batch.scores_B, shaped.metrics["return"])
+  np.testing.assert_allclose(shaped.metrics["format_penalty"], m["format_penalty"])
+  assert [e["messages"] for e in shaped.episodes] == [e["messages"] for e in result.episodes]
 
 
 def test_scripted_budget_and_turn_scores(monkeypatch, model):

@@ -62,6 +62,23 @@ def test_random_share_degrades_the_bandit_expert_as_documented(tok):
   assert 0.3 < result.summary["success"] < 0.7
 
 
+def test_undo_share_takes_back_the_first_move_as_documented(tok):
+  """undo_prob 1: every two-action Sokoban reply is (first move, the move that takes it back)."""
+  eng = engine(tok, "sokoban")
+  result = eng.run_scripted(demos.expert_policy(eng.env, eng.config, 0.0, seed=0, undo_prob=1.0),
+                            jax.random.key(0), seed=500)
+  pairs = 0
+  for ep in result.episodes:
+    for message in ep["messages"][2::2]:
+      actions = prompts.parse_response(message["content"], True, "||", 2).actions
+      if len(actions) == 2:
+        assert actions[1] == demos.OPPOSITE[actions[0]]
+        pairs += 1
+  assert pairs > 0
+  with pytest.raises(ValueError, match="undo_prob"):
+    demos.expert_policy(eng.env, eng.config, 0.0, seed=0, undo_prob=-0.1)
+
+
 def test_demo_loss_mask_covers_exactly_the_replies(tok):
   eng = engine(tok, "frozenlake", groups=2, is_slippery=False)
   result = eng.run_scripted(demos.expert_policy(eng.env, eng.config, 0.0, seed=0),
@@ -93,6 +110,8 @@ def test_sft_config_rejects_bad_values():
     sft.SFTConfig(random_prob=1.5)
   with pytest.raises(ValueError, match="batch_size"):
     sft.SFTConfig(batch_size=0)
+  with pytest.raises(ValueError, match="undo_prob"):
+    sft.SFTConfig(undo_prob=2.0)
 
 
 def test_batch_schedule_interleaves_the_weighted_mix():

@@ -41,6 +41,8 @@ class PPOConfig:
     temperature: rollout sampling temperature; logits are divided by it.
     recompute_old_logprobs: old log-probs from the current actor (veRL, RAGEN) rather than
       the rollout engine's `logprobs_BxT`.
+    positive_advantages_only: replace each advantage A by max(A, 0): episodes (or tokens, under
+      GAE) below the baseline get no gradient, so nothing is pushed down (not in RAGEN).
     filter_*: StarPO-S rollout filter (filtering.filter_groups); top_p 1.0 with include_zero
       keeps everything (RAGEN's default).
     vocab_chunk: vocabulary chunk of the log-prob / entropy computation.
@@ -70,6 +72,7 @@ class PPOConfig:
   vf_coef: float = 1.0
   temperature: float = 1.0
   recompute_old_logprobs: bool = True
+  positive_advantages_only: bool = False
   filter_strategy: str = "top_p"
   filter_value: float = 1.0
   filter_metric: str = "reward_variance"

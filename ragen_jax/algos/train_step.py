@@ -250,6 +250,8 @@ def make_train_step(actor_model, critic_model, cfg: PPOConfig, ref_model=None, j
                                                  cfg.adv_estimator, valid_B=keep_B)
       skipped = (~jnp.any(keep_B)) | (n_tokens < 1)
     advs = jnp.where(skipped, 0.0, advs)
+    if cfg.positive_advantages_only:
+      advs = jnp.maximum(advs, 0.0)
 
     data = {"tokens": tokens, "attn": attn, "mask": maskf, "old_logp": old_logp, "adv": advs}
     if use_critic:

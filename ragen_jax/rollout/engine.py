@@ -288,24 +288,27 @@ class Rollout:
       env_done = np.asarray(host.done)
       for i in active:
         ep = eps[i]
+        after = self._render(host, i)
+        unchanged = after == texts[i]
+        ep.unchanged_turns += unchanged
         penalty = c.format_penalty if penalised[i] else 0.0
+        shaping = c.unchanged_penalty if unchanged else 0.0
         ep.turns += 1
         ep.env_return += float(reward_B[i])
         ep.penalty += penalty
-        ep.turn_rewards.append(round(float(reward_B[i]) + penalty, 6))
+        ep.shaping += shaping
+        ep.turn_rewards.append(round(float(reward_B[i]) + penalty + shaping, 6))
         ep.num_actions += int(n_exec_B[i])
         ep.num_effective += int(n_eff_B[i])
         ep.valid_turns += not penalised[i]
         ep.actions_left -= int(n_exec_B[i])
         ep.success |= bool(success_B[i])
         if c.use_turn_scores:
-          ep.rewards[-1] += float(reward_B[i]) + penalty
+          ep.rewards[-1] += float(reward_B[i]) + penalty + shaping
         ep.done = bool(env_done[i]) or ep.actions_left <= 0 or turn == c.max_turns
         # RAGEN shows the format penalty in the reward text when no valid action was made.
         shown = float(reward_B[i]) + (c.format_penalty if no_valid[i] else 0.0)
         pending[i] = prompts.reward_prompt(shown)
-        after = self._render(host, i)
-        ep.unchanged_turns += after == texts[i]
         if not ep.done:
           texts[i] = after
       timing["env_s"] += time.perf_counter() - tic
@@ -346,9 +349,8 @@ class Rollout:
   def _finish(self, eps: List[Episode], stats: Dict[str, int]) -> RolloutResult:
     c, b = self.config, self.batch_size
     for ep in eps:
-      score = ep.env_return + ep.penalty
       if not c.use_turn_scores:
-        ep.rewards[ep.last_reply_end] += score
+        ep.rewards[ep.last_reply_end] += ep.score
     width = sampling.bucket(max(len(ep.tokens) for ep in eps))
     arrays = {name: np.zeros((b, width), dtype) for name, dtype in (
         ("tokens", np.int32), ("mask", np.int32), ("loss", np.int32), ("logprobs", np.float32),
@@ -374,7 +376,7 @@ class Rollout:
         "num_turns": np.array([ep.turns for ep in eps], np.float32),
         "response_length": np.array([sum(ep.loss) for ep in eps], np.float32),
         "context_truncated": np.array([ep.context_truncated for ep in eps], np.float32),
-        "return": np.array([ep.env_return + ep.penalty for ep in eps], np.float32),
+        "return": np.array([ep.score for ep in eps], np.float32),
     }
     batch = RolloutBatch(
         tokens_BxT=jnp.asarray(arrays["tokens"]),
@@ -389,7 +391,7 @@ class Rollout:
     summary[f"pass@{c.group_size}"] = float(np.mean(group_success))
     summary.update({k: float(v) for k, v in stats.items()})
     episodes = [dict(messages=ep.messages, success=bool(ep.success),
-                     reward=float(ep.env_return + ep.penalty), turns=ep.turns,
+                     reward=float(ep.score), turns=ep.turns,
                      group_id=int(group_ids[i]), context_truncated=ep.context_truncated,
                      turn_rewards=ep.turn_rewards, reply_starts=ep.reply_starts)
                 for i, ep in enumerate(eps)]

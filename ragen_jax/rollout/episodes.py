@@ -24,6 +24,7 @@ class RolloutConfig:
   max_actions_per_traj: int = 10   # action budget of an episode
   action_sep: str = "||"
   format_penalty: float = -0.1     # per turn with a missing tag, unknown or no action
+  unchanged_penalty: float = 0.0   # per turn after which the state reads as before (not RAGEN)
   enable_think: bool = True        # <think>...</think><answer>...</answer> format
   max_new_tokens: int = 400        # per turn (RAGEN response_length)
   max_context: int = 3600          # tokens of a whole conversation (RAGEN max_model_len)
@@ -59,7 +60,8 @@ class Episode:
   done: bool = False
   success: bool = False
   env_return: float = 0.0
-  penalty: float = 0.0
+  penalty: float = 0.0      # format penalties
+  shaping: float = 0.0      # unchanged-turn penalties (RolloutConfig.unchanged_penalty)
   num_actions: int = 0
   num_effective: int = 0
   unchanged_turns: int = 0  # turns after which the rendered state equals the one before
@@ -67,7 +69,12 @@ class Episode:
   context_truncated: bool = False
   last_reply_end: int = -1  # index in tokens of the last sampled token
   reply_starts: List[int] = dataclasses.field(default_factory=list)  # first sampled token per turn
-  turn_rewards: List[float] = dataclasses.field(default_factory=list)  # env reward + penalty per turn
+  turn_rewards: List[float] = dataclasses.field(default_factory=list)  # env reward + penalties per turn
+
+  @property
+  def score(self) -> float:
+    """The episode's training return: env rewards plus format and unchanged-turn penalties."""
+    return self.env_return + self.penalty + self.shaping
 
 
 @dataclasses.dataclass

@@ -10,9 +10,12 @@ Experts (host side, one unbatched state at a time):
 
 Deliberately imperfect: every action of a reply is independently replaced by a uniformly
 random action name with probability `random_prob`, so the fine-tuned policy still errs and
-reinforcement learning has room to improve it. The reasoning restates the positions that matter
-(short, so it costs few tokens) and the answer joins the actions with RAGEN's separator. A
-state the expert cannot solve any more (a box pushed into a corner) gets random actions.
+reinforcement learning has room to improve it. With `undo_prob`, a share of the replies of two
+or more actions take back their first move instead ("Up || Down": a hesitant demonstrator; see
+BENCHMARKS.md, ninth session, for what the tiny model makes of it). The reasoning restates the
+positions that matter (short, so it costs few tokens) and the answer joins the actions with
+RAGEN's separator. A state the expert cannot solve any more (a box pushed into a corner) gets
+random actions.
 """
 import collections
 from typing import Callable, List, Optional, Sequence, Tuple
@@ -82,7 +85,11 @@ def reply_text(thought: str, actions: Sequence[str], enable_think: bool, action_
   return f"{answer}</answer>"
 
 
-def expert_policy(env, config, random_prob: float, seed: int) -> Callable:
+# The move that takes back each move (Sokoban's and FrozenLake's action names).
+OPPOSITE = {"Up": "Down", "Down": "Up", "Left": "Right", "Right": "Left"}
+
+
+def expert_policy(env, config, random_prob: float, seed: int, undo_prob: float = 0.0) -> Callable:
   """A `policy(state, episode) -> reply` for `Rollout.run_scripted` (see the module doc).
 
   Args:
@@ -90,11 +97,14 @@ def expert_policy(env, config, random_prob: float, seed: int) -> Callable:
     config: the rollout's RolloutConfig (actions per turn, separator, think format).
     random_prob: probability that each action is replaced by a random one.
     seed: seed of the host random generator (replies are reproducible per seed).
+    undo_prob: probability that a reply of two or more actions is cut to its first action and
+      the move that takes it back ("Up || Down"): a hesitant demonstrator.
   """
   if env.name not in EXPERTS:
     raise ValueError(f"no expert for env {env.name!r}; experts exist for {sorted(EXPERTS)}")
-  if not 0.0 <= random_prob <= 1.0:
-    raise ValueError(f"random_prob must lie in [0, 1], got {random_prob}")
+  for name, value in (("random_prob", random_prob), ("undo_prob", undo_prob)):
+    if not 0.0 <= value <= 1.0:
+      raise ValueError(f"{name} must lie in [0, 1], got {value}")
   expert = EXPERTS[env.name]
   rng = np.random.default_rng(seed)
 
@@ -109,6 +119,8 @@ def expert_policy(env, config, random_prob: float, seed: int) -> Callable:
         actions.append(names[int(rng.integers(len(names)))])
       else:
         actions.append(names[plan[j]])
+    if len(actions) >= 2 and actions[0] in OPPOSITE and rng.random() < undo_prob:
+      actions = [actions[0], OPPOSITE[actions[0]]]
     return reply_text(thought, actions, config.enable_think, config.action_sep)
 
   return policy

@@ -67,6 +67,7 @@ class EnvSpec:
         max_turns=r.max_turns, max_actions_per_turn=r.max_actions_per_turn,
         max_actions_per_traj=self.max_actions_per_traj, action_sep=r.action_sep,
         format_penalty=r.format_penalty, enable_think=r.enable_think,
+        unchanged_penalty=0.0 if validation else r.unchanged_penalty,
         max_new_tokens=r.max_new_tokens, max_context=r.max_context,
         max_turn_tokens=r.max_turn_tokens,
         temperature=r.val_temperature if validation else r.temperature,
@@ -81,6 +82,7 @@ class RolloutSpec:
   max_actions_per_turn: int
   action_sep: str
   format_penalty: float
+  unchanged_penalty: float
   enable_think: bool
   max_new_tokens: int
   max_context: int

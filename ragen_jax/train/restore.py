@@ -19,6 +19,15 @@ from ragen_jax.train import experiment as experiment_lib
 from ragen_jax.train import policy as policy_lib
 
 
+# Config keys added after runs were saved, with the value that reproduces those runs: a stored
+# config lacking one gets it, so older checkpoints still evaluate and export.
+ADDED_KEYS = {
+    ("rollout", "unchanged_penalty"): 0.0,
+    ("ppo", "positive_advantages_only"): False,
+    ("sft", "undo_prob"): 0.0,
+}
+
+
 def locate(path: str) -> Tuple[str, Optional[int]]:
   """(checkpoint directory, step or None for the latest) for a workdir, its `checkpoints/`
   directory, or one step directory inside it."""
@@ -44,7 +53,11 @@ def run_config(path: str) -> Tuple[ml_collections.ConfigDict, str, Optional[int]
     ckpt.close()
   if "config" not in meta:
     raise ValueError(f"the checkpoint in {directory} has no config in its metadata")
-  return ml_collections.ConfigDict(json.loads(meta["config"])), directory, step
+  config = json.loads(meta["config"])
+  for (section, key), value in ADDED_KEYS.items():
+    if section in config:
+      config[section].setdefault(key, value)
+  return ml_collections.ConfigDict(config), directory, step
 
 
 def load_actor(path: str):

@@ -35,6 +35,7 @@ class SFTConfig:
   weight_decay: float = 0.0
   grad_clip: float = 1.0
   random_prob: float = 0.25      # share of demonstration actions replaced by random ones
+  undo_prob: float = 0.0         # share of two-action replies that take back their first move
   seed: int = 1000000            # first level seed of the demonstrations (apart from train/val)
   pad_multiple: int = 128        # sequences are padded to a multiple of this
 
@@ -50,6 +51,8 @@ class SFTConfig:
         raise ValueError(f"sft.{name} must be > 0, got {getattr(self, name)}")
     if not 0.0 <= self.random_prob <= 1.0:
       raise ValueError(f"sft.random_prob must lie in [0, 1], got {self.random_prob}")
+    if not 0.0 <= self.undo_prob <= 1.0:
+      raise ValueError(f"sft.undo_prob must lie in [0, 1], got {self.undo_prob}")
 
 
 @flax.struct.dataclass
@@ -118,7 +121,8 @@ class DemoStream:
     if set(self.schedule) != set(engines):
       raise ValueError(f"SFT weights name {sorted(set(self.schedule))}, the environments are "
                        f"{sorted(engines)}; every environment needs a weight >= 1")
-    self.policies = {name: demos.expert_policy(e.env, e.config, cfg.random_prob, cfg.seed + i)
+    self.policies = {name: demos.expert_policy(e.env, e.config, cfg.random_prob, cfg.seed + i,
+                                                cfg.undo_prob)
                      for i, (name, e) in enumerate(engines.items())}
     self.buffers = {name: [] for name in engines}
     self.rounds = {name: 0 for name in engines}

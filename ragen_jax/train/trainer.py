@@ -199,8 +199,9 @@ class _Run:
         sft_engines[e.tag] = rollout_lib.Rollout(e.make(), self.tok, rc, self.sharder)
       weights = {e.tag: e.sft_batches for e in self.exp.envs}
       logging.info("warm start: %d steps of supervised fine-tuning on expert demonstrations "
-                   "(%.0f%% random actions; batches per round %s)", self.exp.sft.steps,
-                   100 * self.exp.sft.random_prob, weights)
+                   "(%.0f%% random actions, %.0f%% of two-action replies taking back their "
+                   "first move; batches per round %s)", self.exp.sft.steps,
+                   100 * self.exp.sft.random_prob, 100 * self.exp.sft.undo_prob, weights)
       self.model, _ = sft_lib.finetune(
           self.model, sft_engines, self.exp.sft,
           weights=weights,
