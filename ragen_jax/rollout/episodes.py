@@ -69,7 +69,7 @@ class Episode:
   context_truncated: bool = False
   last_reply_end: int = -1  # index in tokens of the last sampled token
   reply_starts: List[int] = dataclasses.field(default_factory=list)  # first sampled token per turn
-  turn_rewards: List[float] = dataclasses.field(default_factory=list)  # env reward + penalties per turn
+  turn_rewards: List[float] = dataclasses.field(default_factory=list)  # env reward + penalties
 
   @property
   def score(self) -> float:
