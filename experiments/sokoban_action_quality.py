@@ -48,7 +48,7 @@ def turn_states(rows: Iterable[dict]):
           yield match.group(1).strip("\n"), msg["content"]
 
 
-_OPPOSITE = {"up": "down", "down": "up", "left": "right", "right": "left"}
+_OPPOSITE = {a.lower(): b.lower() for a, b in demos.OPPOSITE.items()}   # replies' words, lowered
 
 
 def loop_stats(rows: Iterable[dict]) -> Dict[str, float]:

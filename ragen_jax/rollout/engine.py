@@ -297,14 +297,15 @@ class Rollout:
         ep.env_return += float(reward_B[i])
         ep.penalty += penalty
         ep.shaping += shaping
-        ep.turn_rewards.append(round(float(reward_B[i]) + penalty + shaping, 6))
+        turn_reward = float(reward_B[i]) + penalty + shaping
+        ep.turn_rewards.append(round(turn_reward, 6))
         ep.num_actions += int(n_exec_B[i])
         ep.num_effective += int(n_eff_B[i])
         ep.valid_turns += not penalised[i]
         ep.actions_left -= int(n_exec_B[i])
         ep.success |= bool(success_B[i])
         if c.use_turn_scores:
-          ep.rewards[-1] += float(reward_B[i]) + penalty + shaping
+          ep.rewards[-1] += turn_reward
         ep.done = bool(env_done[i]) or ep.actions_left <= 0 or turn == c.max_turns
         # RAGEN shows the format penalty in the reward text when no valid action was made.
         shown = float(reward_B[i]) + (c.format_penalty if no_valid[i] else 0.0)
