@@ -7,7 +7,10 @@ r"""RAGEN's studies at tiny-model scale: each study trains a set of runs and wri
   python experiments/ablations.py --study=algorithms --parallel=12   # one GPU or many cores
 
 Every run is one `launch.py` command (printed and recorded in the report, so any row can be rerun by
-hand) in `<runs>/<study>/<run>` (relative paths are taken from the repository root); with
+hand) in `<runs>/<study>/<run>` (relative paths are taken from the repository root). A run whose
+overrides leave its config file as it is (clip_0.2_0.28, no_kl and actions_2 are all the default
+Sokoban PPO run) trains once, in `<runs>/defaults/<config>`, and every study that has it reads it
+there; so do not start two studies that share it while it is still training. With
 `--parallel=N`, N runs train at once (on one GPU each gets 0.9/N of its memory unless
 XLA_PYTHON_CLIENT_MEM_FRACTION is set). An interrupted study resumes where it stopped, since each run
 resumes from its checkpoints and finished runs are skipped by the trainer. The report goes to
@@ -31,6 +34,8 @@ import subprocess
 import sys
 import time
 from typing import Dict, List, Sequence, Tuple
+
+from ragen_jax.train import launch_utils
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -86,6 +91,41 @@ STUDIES: Dict[str, List[Run]] = {
                                                  "envs.sokoban.train_groups": 32 // n})
                    for n in (4, 8, 16)],
 }
+
+
+def _typed(old, text: str):
+  """A command-line value as the config field's type (as ml_collections' config flag parses it)."""
+  if isinstance(old, bool):
+    if text not in ("True", "False"):
+      raise ValueError(f"{text!r} is not a bool (True or False)")
+    return text == "True"
+  return type(old)(text) if old is not None else float(text)
+
+
+def run_config(run: Run, variant: str = ""):
+  """The ConfigDict that `run`'s command trains: its config file with its overrides applied."""
+  config = launch_utils.load_config_file(
+      os.path.join(ROOT, run.config) + (f":{variant}" if variant else ""))
+  for key, text in run.overrides:
+    *parents, leaf = key.split(".")
+    node = config
+    for part in parents:
+      node = node[part]
+    if leaf not in node:
+      raise ValueError(f"run {run.name}: {run.config} has no config key {key}")
+    node[leaf] = _typed(node[leaf], text)
+  return config
+
+
+def workdir_of(study: str, run: Run, runs_root: str, steps: int = 0, variant: str = "") -> str:
+  """`<runs_root>/<study>/<run>`, or the shared `<runs_root>/defaults/<config>` when the run's
+  overrides change nothing (one training serves every study that has the default run)."""
+  default = run_config(Run(run.name, run.config), variant).to_dict()
+  if run_config(run, variant).to_dict() != default:
+    return os.path.join(runs_root, study, run.name)
+  name = os.path.splitext(os.path.basename(run.config))[0]
+  name += (f"_{variant}" if variant else "") + (f"_{steps}steps" if steps else "")
+  return os.path.join(runs_root, "defaults", name)
 
 
 def command(run: Run, workdir: str, steps: int = 0, variant: str = "") -> List[str]:
@@ -168,7 +208,7 @@ def main(argv=None) -> int:
   p.add_argument("--parallel", type=int, default=1, help="runs training at once")
   args = p.parse_args(argv)
   runs = select(args.study, args.only)
-  workdirs = [os.path.join(args.runs, args.study, r.name) for r in runs]
+  workdirs = [workdir_of(args.study, r, args.runs, args.steps, args.variant) for r in runs]
   commands = [command(r, w, args.steps, args.variant) for r, w in zip(runs, workdirs)]
   if args.dry_run or args.report_only:
     print("\n".join(" ".join(shlex.quote(a) for a in cmd) for cmd in commands))

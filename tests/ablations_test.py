@@ -6,7 +6,6 @@ import pytest
 
 from ragen_jax import logging_utils
 from ragen_jax.train import experiment
-from ragen_jax.train import launch_utils
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from experiments import ablations  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -14,27 +13,39 @@ from experiments import ablations  # pylint: disable=g-import-not-at-top,wrong-i
 ALL_RUNS = [(study, run) for study, runs in ablations.STUDIES.items() for run in runs]
 
 
-def _typed(old, text):
-  """A command-line value as the config field's type (what the config flag parser does)."""
-  if isinstance(old, bool):
-    assert text in ("True", "False"), text
-    return text == "True"
-  return type(old)(text) if old is not None else float(text)
-
-
 @pytest.mark.parametrize("study,run", ALL_RUNS, ids=[f"{s}-{r.name}" for s, r in ALL_RUNS])
-def test_every_run_is_a_valid_experiment_that_changes_what_it_names(study, run):
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  config = launch_utils.load_config_file(os.path.join(root, run.config))
-  for key, text in run.overrides:
-    node = config
-    *parents, leaf = key.split(".")
-    for part in parents:
-      node = node[part]
-    assert leaf in node, f"{study}/{run.name}: no config key {key}"
-    node[leaf] = _typed(node[leaf], text)
-  exp = experiment.from_config(config)   # raises ValueError on a bad combination
-  assert exp.train_episodes > 0
+def test_every_run_is_a_valid_experiment(study, run):
+  exp = experiment.from_config(ablations.run_config(run))   # raises ValueError on a bad combination
+  assert exp.train_episodes > 0, study
+
+
+def test_overrides_are_typed_and_unknown_keys_refused():
+  config = ablations.run_config(ablations.Run("x", "configs/sokoban_ppo.py", (
+      ("ppo.use_kl_loss", "True"), ("ppo.kl_coef", "0.001"), ("rollout.group_size", "4"))))
+  assert config.ppo.use_kl_loss is True and config.ppo.kl_coef == 0.001
+  assert config.rollout.group_size == 4 and isinstance(config.rollout.group_size, int)
+  with pytest.raises(ValueError, match="no config key ppo.nope"):
+    ablations.run_config(ablations.Run("x", "configs/sokoban_ppo.py", (("ppo.nope", "1"),)))
+  with pytest.raises(ValueError, match="not a bool"):
+    ablations.run_config(ablations.Run("x", "configs/sokoban_ppo.py", (("ppo.use_kl_loss", "1"),)))
+
+
+def test_runs_that_change_nothing_share_the_default_run():
+  shared = {(s, r.name) for s, r in ALL_RUNS
+            if ablations.workdir_of(s, r, "R").startswith(os.path.join("R", "defaults"))}
+  # The Sokoban PPO config already clips at 0.2 / 0.28, has no KL and allows 2 actions a turn;
+  # the algorithm study's plain PPO and GRPO runs are their config files unchanged.
+  assert shared == {("clip_higher", "clip_0.2_0.28"), ("kl", "no_kl"),
+                    ("actions_per_turn", "actions_2")} | {
+                        ("algorithms", f"{env}_{algo}") for env in ("sokoban", "frozenlake", "bandit")
+                        for algo in ("ppo", "grpo")}
+  kl, clip = ablations.STUDIES["kl"][0], ablations.STUDIES["clip_higher"][1]
+  assert ablations.workdir_of("kl", kl, "R") == ablations.workdir_of("clip_higher", clip, "R") == \
+      os.path.join("R", "defaults", "sokoban_ppo")
+  assert ablations.workdir_of("kl", kl, "R", steps=7, variant="smoke") == \
+      os.path.join("R", "defaults", "sokoban_ppo_smoke_7steps")
+  kl_on = ablations.STUDIES["kl"][1]
+  assert ablations.workdir_of("kl", kl_on, "R") == os.path.join("R", "kl", "kl_0.001")
 
 
 def test_study_contents_match_ragens_ablations():
