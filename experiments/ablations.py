@@ -35,6 +35,7 @@ import sys
 import time
 from typing import Dict, List, Sequence, Tuple
 
+from ragen_jax import config_sections
 from ragen_jax.train import launch_utils
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -102,26 +103,34 @@ def _typed(old, text: str):
   return type(old)(text) if old is not None else float(text)
 
 
-def run_config(run: Run, variant: str = ""):
-  """The ConfigDict that `run`'s command trains: its config file with its overrides applied."""
-  config = launch_utils.load_config_file(
+def _load(run: Run, variant: str):
+  return launch_utils.load_config_file(
       os.path.join(ROOT, run.config) + (f":{variant}" if variant else ""))
+
+
+def _apply(config, run: Run):
+  """`config` with `run`'s overrides set in place (unknown keys refused as launch.py refuses them)."""
+  config_sections.check_overrides(config, [f"--config.{k}={v}" for k, v in run.overrides])
   for key, text in run.overrides:
     *parents, leaf = key.split(".")
     node = config
     for part in parents:
       node = node[part]
-    if leaf not in node:
-      raise ValueError(f"run {run.name}: {run.config} has no config key {key}")
     node[leaf] = _typed(node[leaf], text)
   return config
+
+
+def run_config(run: Run, variant: str = ""):
+  """The ConfigDict that `run`'s command trains: its config file with its overrides applied."""
+  return _apply(_load(run, variant), run)
 
 
 def workdir_of(study: str, run: Run, runs_root: str, steps: int = 0, variant: str = "") -> str:
   """`<runs_root>/<study>/<run>`, or the shared `<runs_root>/defaults/<config>` when the run's
   overrides change nothing (one training serves every study that has the default run)."""
-  default = run_config(Run(run.name, run.config), variant).to_dict()
-  if run_config(run, variant).to_dict() != default:
+  config = _load(run, variant)
+  default = config.to_dict()
+  if _apply(config, run).to_dict() != default:
     return os.path.join(runs_root, study, run.name)
   name = os.path.splitext(os.path.basename(run.config))[0]
   name += (f"_{variant}" if variant else "") + (f"_{steps}steps" if steps else "")

@@ -24,7 +24,7 @@ def test_overrides_are_typed_and_unknown_keys_refused():
       ("ppo.use_kl_loss", "True"), ("ppo.kl_coef", "0.001"), ("rollout.group_size", "4"))))
   assert config.ppo.use_kl_loss is True and config.ppo.kl_coef == 0.001
   assert config.rollout.group_size == 4 and isinstance(config.rollout.group_size, int)
-  with pytest.raises(ValueError, match="no config key ppo.nope"):
+  with pytest.raises(ValueError, match="unknown config key 'ppo.nope'"):
     ablations.run_config(ablations.Run("x", "configs/sokoban_ppo.py", (("ppo.nope", "1"),)))
   with pytest.raises(ValueError, match="not a bool"):
     ablations.run_config(ablations.Run("x", "configs/sokoban_ppo.py", (("ppo.use_kl_loss", "1"),)))
