@@ -8,14 +8,16 @@ r"""RAGEN's studies at tiny-model scale: each study trains a set of runs and wri
 
 Every run is one `launch.py` command (printed and recorded in the report, so any row can be rerun by
 hand) in `<runs>/<study>/<run>` (relative paths are taken from the repository root). A run whose
-overrides leave its config file as it is (clip_0.2_0.28, no_kl and actions_2 are all the default
-Sokoban PPO run) trains once, in `<runs>/defaults/<config>`, and every study that has it reads it
+overrides leave its config file as it is (clip_0.2_0.28 and no_kl are both the default Sokoban
+PPO run) trains once, in `<runs>/defaults/<config>`, and every study that has it reads it
 there; so do not start two studies that share it while it is still training. With
 `--parallel=N`, N runs train at once (on one GPU each gets 0.9/N of its memory unless
 XLA_PYTHON_CLIENT_MEM_FRACTION is set). An interrupted study resumes where it stopped, since each run
 resumes from its checkpoints and finished runs are skipped by the trainer. The report goes to
 `experiments/results/<study>.md` (the commands, then `python -m ragen_jax.plot`'s before/after
-table) and `experiments/results/<study>.png` (success, reward std, entropy and MI curves).
+table) and `experiments/results/<study>.png` (success, reward std, entropy and MI curves); each
+run's scalars are kept in `experiments/results/<study>/<run>.json`, so a run trained elsewhere or
+earlier is still reported when its directory is gone, and a study can be trained in parts.
 
 Studies (RAGEN v1 / RAGEN-2 ablations; `shared/reference/ragen.md` §8):
   algorithms        PPO vs GRPO vs Dr.GRPO vs DAPO-style (clip-higher + dropping zero-variance
@@ -23,11 +25,13 @@ Studies (RAGEN v1 / RAGEN-2 ablations; `shared/reference/ragen.md` §8):
   filtering         rollout filtering: top-p 1.0 (none), 0.9, 0.5, 0.25 and top-k 25% (Sokoban PPO)
   clip_higher       clip_high 0.2 vs 0.28 (Sokoban PPO)
   kl                no KL vs a k1 KL loss of 0.001 to the starting policy (Sokoban PPO)
-  actions_per_turn  1 to 6 actions per turn (Sokoban PPO)
+  actions_per_turn  1 to 6 actions per turn (Sokoban PPO), each after 100 fine-tuning steps on
+                    demonstrations that use that many actions a turn
   group_size        responses per prompt 4, 8, 16 at 32 episodes per step (Sokoban PPO)
 """
 import argparse
 import dataclasses
+import json
 import os
 import shlex
 import subprocess
@@ -46,6 +50,9 @@ class Run:
   name: str
   config: str                                  # configs/<file>.py
   overrides: Tuple[Tuple[str, str], ...] = ()  # (dotted key, value) as on the command line
+
+
+ACTIONS_SFT_STEPS = 100  # actions_per_turn: demonstration steps at the run's cap before RL
 
 
 def _sokoban(name, **overrides) -> Run:
@@ -85,7 +92,11 @@ STUDIES: Dict[str, List[Run]] = {
     "kl": [_sokoban("no_kl", **{"ppo.use_kl_loss": False, "ppo.kl_coef": 0.0}),
            _sokoban("kl_0.001", **{"ppo.use_kl_loss": True, "ppo.kl_coef": 0.001,
                                    "ppo.kl_type": "k1"})],
-    "actions_per_turn": [_sokoban(f"actions_{n}", **{"rollout.max_actions_per_turn": n})
+    # The shipped warm start was fine-tuned on replies of at most 2 actions and never writes a
+    # third, so a higher cap alone changes nothing. Every run (2 included) first fine-tunes
+    # ACTIONS_SFT_STEPS more steps on demonstrations that use its own cap, then trains.
+    "actions_per_turn": [_sokoban(f"actions_{n}", **{"rollout.max_actions_per_turn": n,
+                                                     "sft.steps": ACTIONS_SFT_STEPS})
                          for n in range(1, 7)],
     # RAGEN's "responses per prompt" at a fixed batch: groups x responses = 32 episodes.
     "group_size": [_sokoban(f"responses_{n}", **{"rollout.group_size": n,
@@ -180,24 +191,68 @@ def train(runs: Sequence[Run], commands: Sequence[List[str]], parallel: int = 1)
               "others", file=sys.stderr, flush=True)
 
 
+def _recipe(cmd: Sequence[str]) -> List[str]:
+  """What a run's command trains (config, overrides, steps): its arguments less the workdir."""
+  return [a for a in cmd[2:] if not a.startswith("--workdir=")]
+
+
+def save_scalars(path: str, cmd: Sequence[str], scalars) -> None:
+  """A finished run's scalars, with the recipe they came from, as JSON next to the report."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "w") as f:
+    json.dump({"recipe": _recipe(cmd), "scalars": scalars}, f, separators=(",", ":"))
+
+
+def load_scalars(path: str, cmd: Sequence[str]):
+  """The scalars saved at `path`, or None when there are none or they came from another recipe."""
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    saved = json.load(f)
+  if saved.get("recipe") != _recipe(cmd):
+    print(f"ignoring {path}: saved from {saved.get('recipe')}, not {_recipe(cmd)}",
+          file=sys.stderr)
+    return None
+  return {tag: [(int(s), float(v)) for s, v in points] for tag, points in saved["scalars"].items()}
+
+
 def report(study: str, runs: Sequence[Run], commands: Sequence[List[str]], workdirs: Sequence[str],
            out_dir: str) -> str:
-  """Writes <out_dir>/<study>.md and .png from the runs' events; returns the markdown path."""
-  from ragen_jax import plot  # pylint: disable=g-import-not-at-top
+  """Writes <out_dir>/<study>.md and .png from the runs' events; returns the markdown path.
+
+  Each run's scalars are also saved to <out_dir>/<study>/<run>.json, and a run whose workdir is
+  gone (trained on another machine, or in an earlier session) is reported from that file, so a
+  study can be trained in parts. A file saved from other overrides or steps is ignored.
+  """
+  from ragen_jax import logging_utils, plot  # pylint: disable=g-import-not-at-top
   os.makedirs(out_dir, exist_ok=True)
-  workdirs = [os.path.join(ROOT, w) for w in workdirs]   # relative ones from the repository root
-  done = [(r, c, w) for r, c, w in zip(runs, commands, workdirs)
-          if os.path.isdir(w) and any(f.startswith("events.") for f in os.listdir(w))]
-  if not done:
+  loaded, used, from_saved = [], [], []
+  for run, cmd, workdir in zip(runs, commands, workdirs):
+    workdir = os.path.join(ROOT, workdir)   # relative ones from the repository root
+    saved = os.path.join(out_dir, study, f"{run.name}.json")
+    # A run that has only just started has an events file but no scalars yet: left out.
+    scalars = logging_utils.read_scalars(workdir) if os.path.isdir(workdir) else {}
+    if scalars:
+      save_scalars(saved, cmd, scalars)
+    else:
+      scalars = load_scalars(saved, cmd)
+      if not scalars:
+        continue
+      from_saved.append(run.name)
+    loaded.append(plot.Run(name=run.name, workdir=workdir, scalars=scalars))
+    used.append(cmd)
+  if not loaded:
     raise ValueError(f"study {study!r}: no run has written events yet")
-  loaded = [dataclasses.replace(run, name=r.name)   # the study's names, not the paths'
-            for run, (r, _, _) in zip(plot.load_runs([w for _, _, w in done]), done)]
   png = os.path.join(out_dir, f"{study}.png")
   panels = plot.select_panels(None, {t for run in loaded for t in run.scalars})
   plot.figure(loaded, panels, smooth_k=3, title=f"ablation: {study}").savefig(png, dpi=100)
   lines = [f"# Ablation: {study}", "", "Commands (from the repository root):", "", "```bash"]
-  lines += [" ".join(shlex.quote(a) for a in ["python", *c[1:]]) for _, c, _ in done]
-  lines += ["```", "", plot.table(loaded), "", f"![{study}]({os.path.basename(png)})", ""]
+  lines += [" ".join(shlex.quote(a) for a in ["python", *c[1:]]) for c in used]
+  lines += ["```", ""]
+  if from_saved:
+    lines += [f"Read from the scalars saved in `{study}/` (their run directories were not "
+              f"here): {', '.join(from_saved)}.", ""]
+  lines += [plot.table(loaded), "", f"![{study}]({os.path.basename(png)})", ""]
   md = os.path.join(out_dir, f"{study}.md")
   with open(md, "w") as f:
     f.write("\n".join(lines))

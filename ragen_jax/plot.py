@@ -278,10 +278,12 @@ def table_row(run: Run) -> str:
 
   Start: the first validation; last validations: up to three after it; gain: the mean of the
   last three validations (the start included when there are fewer) minus the start, in points;
-  steps: the last logged step; s/step: the mean of `timing_s/step`.
+  steps: the last logged training step (the warm start's `sft/` series count their own steps);
+  s/step: the mean of `timing_s/step`.
   """
   val = run.scalars.get("val/success", [])
-  steps = max(points[-1][0] for points in run.scalars.values() if points)
+  steps = max((points[-1][0] for tag, points in run.scalars.items()
+               if points and not tag.startswith("sft/")), default=0)
   timing = [v for _, v in run.scalars.get("timing_s/step", [])]
   per_step = f"{np.mean(timing):.0f}" if timing else "n/a"
   if not val:

@@ -1,5 +1,6 @@
 """experiments/ablations.py: every study's runs are valid experiments; commands; the report."""
 import os
+import shutil
 import sys
 
 import pytest
@@ -33,10 +34,10 @@ def test_overrides_are_typed_and_unknown_keys_refused():
 def test_runs_that_change_nothing_share_the_default_run():
   shared = {(s, r.name) for s, r in ALL_RUNS
             if ablations.workdir_of(s, r, "R").startswith(os.path.join("R", "defaults"))}
-  # The Sokoban PPO config already clips at 0.2 / 0.28, has no KL and allows 2 actions a turn;
-  # the algorithm study's plain PPO and GRPO runs are their config files unchanged.
-  assert shared == {("clip_higher", "clip_0.2_0.28"), ("kl", "no_kl"),
-                    ("actions_per_turn", "actions_2")} | {
+  # The Sokoban PPO config already clips at 0.2 / 0.28 and has no KL (actions_2 fine-tunes
+  # first, so it is not the default run); the algorithm study's plain PPO and GRPO runs are
+  # their config files unchanged.
+  assert shared == {("clip_higher", "clip_0.2_0.28"), ("kl", "no_kl")} | {
                         ("algorithms", f"{env}_{algo}") for env in ("sokoban", "frozenlake", "bandit")
                         for algo in ("ppo", "grpo")}
   kl, clip = ablations.STUDIES["kl"][0], ablations.STUDIES["clip_higher"][1]
@@ -52,6 +53,9 @@ def test_study_contents_match_ragens_ablations():
   names = lambda s: [r.name for r in ablations.STUDIES[s]]  # pylint: disable=unnecessary-lambda-assignment
   assert names("filtering") == ["top_p_1.0", "top_p_0.9", "top_p_0.5", "top_p_0.25", "top_k_25pct"]
   assert names("actions_per_turn") == [f"actions_{n}" for n in range(1, 7)]
+  for n, run in enumerate(ablations.STUDIES["actions_per_turn"], start=1):
+    config = ablations.run_config(run)  # demonstrations at the run's own cap, then RL
+    assert (config.rollout.max_actions_per_turn, config.sft.steps) == (n, ablations.ACTIONS_SFT_STEPS)
   assert len(names("algorithms")) == 12      # 4 algorithms x 3 environments
   for run in ablations.STUDIES["group_size"]:  # a fixed batch of 32 episodes
     values = dict(run.overrides)
@@ -88,6 +92,23 @@ def test_report_names_runs_and_tabulates_their_validations(tmp_path):
   assert "| clip_0.2_0.2 | 25.0% | 50.0% | +12.5 | 2 | 3 |" in text
   assert "| clip_0.2_0.28 | 25.0% | 12.5% | -6.2 | 2 | 3 |" in text
   assert os.path.getsize(tmp_path / "out" / "clip_higher.png") > 5000
+  # A run that has only just started (an events file, no scalars yet) is left out of the report.
+  started = tmp_path / "started"
+  logging_utils.SummaryWriter(str(started)).close()
+  assert any(f.startswith("events.") for f in os.listdir(started))
+  md = ablations.report("clip_higher", runs, cmds, [workdirs[0], str(started)], str(tmp_path / "o2"))
+  text = open(md).read()
+  assert "| clip_0.2_0.2 |" in text and "clip_0.2_0.28" not in text
+  # Each run's scalars are saved beside the report: a run whose directory is gone is read from
+  # them, with the same row; saved from another recipe (here 7 steps), they are ignored.
+  shutil.rmtree(workdirs[1])
+  md = ablations.report("clip_higher", runs, cmds, workdirs, str(tmp_path / "out"))
+  text = open(md).read()
+  assert "| clip_0.2_0.28 | 25.0% | 12.5% | -6.2 | 2 | 3 |" in text
+  assert "(their run directories were not here): clip_0.2_0.28." in text
+  other = [ablations.command(r, w, steps=7) for r, w in zip(runs, workdirs)]
+  text = open(ablations.report("clip_higher", runs, other, workdirs, str(tmp_path / "out"))).read()
+  assert "| clip_0.2_0.2 |" in text and "clip_0.2_0.28" not in text
   with pytest.raises(ValueError, match="no run has written events"):
     ablations.report("kl", ablations.STUDIES["kl"], cmds, [str(tmp_path / "x")] * 2,
                      str(tmp_path / "out"))

@@ -1,4 +1,5 @@
 """Learning curves: events read back per run, smoothing, the figure's lines, the CLI's exits."""
+import dataclasses
 import math
 import sys
 
@@ -165,6 +166,9 @@ def test_table_row_by_hand(runs):
   assert plot.table_row(alpha) == "| alpha | 25.0% | 50.0%, 75.0% | +25.0 | 6 | 14 |  |"
   assert plot.table_row(beta) == "| beta | 50.0% | 25.0%, 50.0% | -8.3 | 4 | 12 |  |"
   assert plot.table(runs).splitlines()[0] == plot.TABLE_HEADER.splitlines()[0]
+  # A warm start's 100 fine-tuning steps are not training steps.
+  tuned = dataclasses.replace(beta, scalars={**beta.scalars, "sft/loss": [(100, 0.3)]})
+  assert plot.table_row(tuned) == "| beta | 50.0% | 25.0%, 50.0% | -8.3 | 4 | 12 |  |"
 
 
 def test_cli_writes_a_png_and_the_table(workdirs, tmp_path, capsys):
