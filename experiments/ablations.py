@@ -17,7 +17,8 @@ resumes from its checkpoints and finished runs are skipped by the trainer. The r
 `experiments/results/<study>.md` (the commands, then `python -m ragen_jax.plot`'s before/after
 table) and `experiments/results/<study>.png` (success, reward std, entropy and MI curves); each
 run's scalars are kept in `experiments/results/<study>/<run>.json`, so a run trained elsewhere or
-earlier is still reported when its directory is gone, and a study can be trained in parts.
+earlier is still reported when its directory is gone, and a study can be trained in parts
+(`--only` limits the training, not the report).
 
 Studies (RAGEN v1 / RAGEN-2 ablations; `shared/reference/ragen.md` §8):
   algorithms        PPO vs GRPO vs Dr.GRPO vs DAPO-style (clip-higher + dropping zero-variance
@@ -280,6 +281,11 @@ def main(argv=None) -> int:
     train(runs, commands, max(1, args.parallel))
   if args.dry_run:
     return 0
+  # The report covers the whole study, not just --only: the other runs come from their
+  # directories or their saved scalars, so training a study in parts keeps every row.
+  runs = select(args.study)
+  workdirs = [workdir_of(args.study, r, args.runs, args.steps, args.variant) for r in runs]
+  commands = [command(r, w, args.steps, args.variant) for r, w in zip(runs, workdirs)]
   print("wrote", report(args.study, runs, commands, workdirs, args.out))
   return 0
 

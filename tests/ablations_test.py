@@ -112,3 +112,24 @@ def test_report_names_runs_and_tabulates_their_validations(tmp_path):
   with pytest.raises(ValueError, match="no run has written events"):
     ablations.report("kl", ablations.STUDIES["kl"], cmds, [str(tmp_path / "x")] * 2,
                      str(tmp_path / "out"))
+
+
+def test_report_only_of_some_runs_keeps_the_study_whole(tmp_path, capsys):
+  """--only limits training, not the report: the other runs come from their saved scalars."""
+  runs, out = ablations.STUDIES["clip_higher"], str(tmp_path / "out")
+  workdirs = [ablations.workdir_of("clip_higher", r, str(tmp_path / "R")) for r in runs]
+  for w, end in zip(workdirs, (0.5, 0.125)):
+    with logging_utils.SummaryWriter(w) as writer:
+      writer.scalars(0, {"val/success": 0.25})
+      writer.scalars(2, {"val/success": end, "timing_s/step": 3.0})
+  ablations.report("clip_higher", runs, [ablations.command(r, w) for r, w in zip(runs, workdirs)],
+                   workdirs, out)
+  shutil.rmtree(workdirs[0])   # clip_0.2_0.2 now exists only as saved scalars
+  assert ablations.main(["--study=clip_higher", "--only=clip_0.2_0.28", "--report_only",
+                         f"--runs={tmp_path / 'R'}", f"--out={out}"]) == 0
+  text = open(os.path.join(out, "clip_higher.md")).read()
+  assert "| clip_0.2_0.2 | 25.0% | 50.0% | +12.5 | 2 | 3 |" in text
+  assert "| clip_0.2_0.28 | 25.0% | 12.5% | -6.2 | 2 | 3 |" in text
+  assert "were not here): clip_0.2_0.2." in text
+  assert "--workdir=" in capsys.readouterr().out   # --only's commands were printed
+
