@@ -272,20 +272,20 @@ def main(argv=None) -> int:
   p.add_argument("--report_only", action="store_true", help="no training: report what exists")
   p.add_argument("--parallel", type=int, default=1, help="runs training at once")
   args = p.parse_args(argv)
-  runs = select(args.study, args.only)
+  # --only limits the training, not the report: the report covers the whole study, the other
+  # runs coming from their directories or their saved scalars, so a study trained in parts
+  # keeps every row.
+  runs = select(args.study)
+  chosen = {r.name for r in select(args.study, args.only)}
   workdirs = [workdir_of(args.study, r, args.runs, args.steps, args.variant) for r in runs]
   commands = [command(r, w, args.steps, args.variant) for r, w in zip(runs, workdirs)]
+  picked = [(r, c) for r, c in zip(runs, commands) if r.name in chosen]
   if args.dry_run or args.report_only:
-    print("\n".join(" ".join(shlex.quote(a) for a in cmd) for cmd in commands))
+    print("\n".join(" ".join(shlex.quote(a) for a in cmd) for _, cmd in picked))
   else:
-    train(runs, commands, max(1, args.parallel))
+    train([r for r, _ in picked], [c for _, c in picked], max(1, args.parallel))
   if args.dry_run:
     return 0
-  # The report covers the whole study, not just --only: the other runs come from their
-  # directories or their saved scalars, so training a study in parts keeps every row.
-  runs = select(args.study)
-  workdirs = [workdir_of(args.study, r, args.runs, args.steps, args.variant) for r in runs]
-  commands = [command(r, w, args.steps, args.variant) for r, w in zip(runs, workdirs)]
   print("wrote", report(args.study, runs, commands, workdirs, args.out))
   return 0
 

@@ -132,4 +132,3 @@ def test_report_only_of_some_runs_keeps_the_study_whole(tmp_path, capsys):
   assert "| clip_0.2_0.28 | 25.0% | 12.5% | -6.2 | 2 | 3 |" in text
   assert "were not here): clip_0.2_0.2." in text
   assert "--workdir=" in capsys.readouterr().out   # --only's commands were printed
-
