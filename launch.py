@@ -1,14 +1,16 @@
 r"""Trains an agent: python launch.py --config=configs/sokoban_ppo.py [--workdir=DIR]
 
 Overrides: --config.section.key=value (e.g. --config.trainer.total_steps=100); a key that does
-not exist fails at once with the valid keys named. Variants: configs/sokoban_ppo.py:smoke,
-configs/sokoban_ppo.py:qwen2.5-0.5b --config.model.checkpoint=/path/to/Qwen2.5-0.5B-Instruct.
+not exist fails at once with the valid keys named. Variants (ragen_jax/config_sections.py),
+joined by commas: configs/sokoban_ppo.py:smoke, configs/sokoban_ppo.py:model=qwen2.5-3b,hw=h100
+--config.model.checkpoint=/path/to/Qwen2.5-3B-Instruct (or the shorthand :qwen2.5-3b-h100).
 Running the same command again resumes from the workdir's latest checkpoint.
 
 Multi-process: the same command on every process, with --coordinator_address=host:port
 --num_processes=N --process_id=i, or none of them under SLURM / on a TPU pod / with
 JAX_COORDINATOR_ADDRESS set (ragen_jax/distributed.py; scripts in experiments/launch/).
 """
+
 import os
 import sys
 
@@ -22,29 +24,38 @@ from ragen_jax.train import launch_utils
 from ragen_jax.train import trainer
 
 _DEFAULT_CONFIG = "configs/sokoban_ppo.py"
-_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Experiment config file.",
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None,
-                               "Run directory (default: runs/<config name>[_<variant>]).")
-_COORDINATOR = flags.DEFINE_string("coordinator_address", None,
-                                   "host:port of process 0 (multi-process runs).")
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", _DEFAULT_CONFIG, "Experiment config file.", lock_config=True
+)
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "Run directory (default: runs/<config name>[_<variant>])."
+)
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "host:port of process 0 (multi-process runs)."
+)
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in a multi-process run.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (0 .. N-1).")
-_LOCAL_DEVICES = flags.DEFINE_string("local_device_ids", None,
-                                     "Comma-separated local devices of this process.")
+_LOCAL_DEVICES = flags.DEFINE_string(
+    "local_device_ids", None, "Comma-separated local devices of this process."
+)
 
 
 def _default_workdir(argv) -> str:
   spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), _DEFAULT_CONFIG)
   path, _, variant = spec.partition(":")
   name = os.path.splitext(os.path.basename(path))[0]
+  variant = variant.replace("=", "-").replace(",", "_")  # model=qwen2.5-3b,hw=h100
   return os.path.join("runs", name + (f"_{variant}" if variant else ""))
 
 
 def main(argv):
   del argv
-  distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
-                         distributed.parse_device_ids(_LOCAL_DEVICES.value))
+  distributed.initialize(
+      _COORDINATOR.value,
+      _NUM_PROCESSES.value,
+      _PROCESS_ID.value,
+      distributed.parse_device_ids(_LOCAL_DEVICES.value),
+  )
   config = _CONFIG.value
   workdir = _WORKDIR.value or _default_workdir(sys.argv)
   launch_utils.log_start(config, workdir)

@@ -3,6 +3,7 @@
 The runtime pins are one set tested together on CPU (Python 3.11): change them as a
 group, and only after the test suite passes with the new set.
 """
+
 import setuptools
 
 RUNTIME = [
@@ -39,6 +40,9 @@ DEV = [
     "nbclient==0.11.0",
     "nbformat==5.11.1",
     "ipykernel==7.4.0",
+    # Formatter and linter (settings in pyproject.toml; .ci/run checks both).
+    "pyink==26.5.1",
+    "pylint==4.1.4",
 ]
 
 setuptools.setup(

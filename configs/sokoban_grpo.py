@@ -1,23 +1,15 @@
 """Sokoban with GRPO (critic-free, group-normalised outcome advantages); else as sokoban_ppo.
 
-  python launch.py --config=configs/sokoban_grpo.py[:smoke|:qwen2.5-0.5b]
+python launch.py --config=configs/sokoban_grpo.py[:smoke|:qwen2.5-0.5b]
 """
+
 from ragen_jax import config_sections as cs
-import ml_collections
 
 
 def get_config(arg=None):
-  config = ml_collections.ConfigDict()
-  config.envs = ml_collections.ConfigDict()
-  config.envs.sokoban = cs.sokoban_env(train_groups=4, val_groups=64)  # CPU: RAGEN 8 / 512
-  config.model = cs.model_section()
-  config.rollout = cs.cpu_rollout_section()
-  config.ppo = cs.ppo_section(adv_estimator="grpo", actor_lr=1e-4,  # CPU: RAGEN 1e-6
-                              num_minibatches=2)
-  config.sft = cs.sft_section()          # steps=0: the shipped warm start is the SFT
-  config.trainer = cs.trainer_section(total_steps=40, eval_every=10, save_every=10)
-  config.diagnostics = cs.diagnostics_section()
-  config.early_stop = cs.early_stop_section()
-  config.mesh = cs.mesh_section()
-  config.seed = cs.seed_section()
-  return cs.apply_variant(config, arg)
+  return cs.experiment(
+      arg,
+      envs=dict(sokoban=cs.env("sokoban", train_groups=4, val_groups=64)),  # CPU: RAGEN 8 / 512
+      ppo=dict(adv_estimator="grpo", actor_lr=1e-4, num_minibatches=2),  # CPU: RAGEN 1e-6
+      trainer=dict(total_steps=40, eval_every=10, save_every=10),
+  )

@@ -30,6 +30,7 @@ Studies (RAGEN v1 / RAGEN-2 ablations; `shared/reference/ragen.md` §8):
                     demonstrations that use that many actions a turn
   group_size        responses per prompt 4, 8, 16 at 32 episodes per step (Sokoban PPO)
 """
+
 import argparse
 import dataclasses
 import json
@@ -49,7 +50,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @dataclasses.dataclass(frozen=True)
 class Run:
   name: str
-  config: str                                  # configs/<file>.py
+  config: str  # configs/<file>.py
   overrides: Tuple[Tuple[str, str], ...] = ()  # (dotted key, value) as on the command line
 
 
@@ -68,41 +69,77 @@ def _algorithms() -> List[Run]:
         Run(f"{env}_ppo", f"configs/{env}_ppo.py"),
         Run(f"{env}_grpo", grpo),
         # Dr.GRPO: no std normalisation, sequence sums divided by a constant length.
-        Run(f"{env}_drgrpo", grpo, (("ppo.adv_estimator", "drgrpo"),
-                                    ("ppo.agg_mode", "seq-mean-token-sum-norm"))),
+        Run(
+            f"{env}_drgrpo",
+            grpo,
+            (("ppo.adv_estimator", "drgrpo"), ("ppo.agg_mode", "seq-mean-token-sum-norm")),
+        ),
         # DAPO-style: decoupled clip 0.2 / 0.28 and dynamic sampling (groups whose rewards all
         # agree carry no signal and are dropped), token-mean loss, no KL.
-        Run(f"{env}_dapo", grpo, (("ppo.clip_low", "0.2"), ("ppo.clip_high", "0.28"),
-                                  ("ppo.filter_include_zero", "False"),
-                                  ("ppo.agg_mode", "token-mean"))),
+        Run(
+            f"{env}_dapo",
+            grpo,
+            (
+                ("ppo.clip_low", "0.2"),
+                ("ppo.clip_high", "0.28"),
+                ("ppo.filter_include_zero", "False"),
+                ("ppo.agg_mode", "token-mean"),
+            ),
+        ),
     ]
   return runs
 
 
 STUDIES: Dict[str, List[Run]] = {
     "algorithms": _algorithms(),
-    "filtering": [_sokoban("top_p_1.0", **{"ppo.filter_strategy": "top_p", "ppo.filter_value": 1.0}),
-                  *(_sokoban(f"top_p_{p}", **{"ppo.filter_strategy": "top_p",
-                                              "ppo.filter_value": p,
-                                              "ppo.filter_include_zero": False})
-                    for p in (0.9, 0.5, 0.25)),
-                  _sokoban("top_k_25pct", **{"ppo.filter_strategy": "top_k", "ppo.filter_value": 0.25,
-                                             "ppo.filter_include_zero": False})],
-    "clip_higher": [_sokoban("clip_0.2_0.2", **{"ppo.clip_high": 0.2}),
-                    _sokoban("clip_0.2_0.28", **{"ppo.clip_high": 0.28})],
-    "kl": [_sokoban("no_kl", **{"ppo.use_kl_loss": False, "ppo.kl_coef": 0.0}),
-           _sokoban("kl_0.001", **{"ppo.use_kl_loss": True, "ppo.kl_coef": 0.001,
-                                   "ppo.kl_type": "k1"})],
+    "filtering": [
+        _sokoban("top_p_1.0", **{"ppo.filter_strategy": "top_p", "ppo.filter_value": 1.0}),
+        *(
+            _sokoban(
+                f"top_p_{p}",
+                **{
+                    "ppo.filter_strategy": "top_p",
+                    "ppo.filter_value": p,
+                    "ppo.filter_include_zero": False,
+                },
+            )
+            for p in (0.9, 0.5, 0.25)
+        ),
+        _sokoban(
+            "top_k_25pct",
+            **{
+                "ppo.filter_strategy": "top_k",
+                "ppo.filter_value": 0.25,
+                "ppo.filter_include_zero": False,
+            },
+        ),
+    ],
+    "clip_higher": [
+        _sokoban("clip_0.2_0.2", **{"ppo.clip_high": 0.2}),
+        _sokoban("clip_0.2_0.28", **{"ppo.clip_high": 0.28}),
+    ],
+    "kl": [
+        _sokoban("no_kl", **{"ppo.use_kl_loss": False, "ppo.kl_coef": 0.0}),
+        _sokoban(
+            "kl_0.001", **{"ppo.use_kl_loss": True, "ppo.kl_coef": 0.001, "ppo.kl_type": "k1"}
+        ),
+    ],
     # The shipped warm start was fine-tuned on replies of at most 2 actions and never writes a
     # third, so a higher cap alone changes nothing. Every run (2 included) first fine-tunes
     # ACTIONS_SFT_STEPS more steps on demonstrations that use its own cap, then trains.
-    "actions_per_turn": [_sokoban(f"actions_{n}", **{"rollout.max_actions_per_turn": n,
-                                                     "sft.steps": ACTIONS_SFT_STEPS})
-                         for n in range(1, 7)],
+    "actions_per_turn": [
+        _sokoban(
+            f"actions_{n}", **{"rollout.max_actions_per_turn": n, "sft.steps": ACTIONS_SFT_STEPS}
+        )
+        for n in range(1, 7)
+    ],
     # RAGEN's "responses per prompt" at a fixed batch: groups x responses = 32 episodes.
-    "group_size": [_sokoban(f"responses_{n}", **{"rollout.group_size": n,
-                                                 "envs.sokoban.train_groups": 32 // n})
-                   for n in (4, 8, 16)],
+    "group_size": [
+        _sokoban(
+            f"responses_{n}", **{"rollout.group_size": n, "envs.sokoban.train_groups": 32 // n}
+        )
+        for n in (4, 8, 16)
+    ],
 }
 
 
@@ -117,7 +154,8 @@ def _typed(old, text: str):
 
 def _load(run: Run, variant: str):
   return launch_utils.load_config_file(
-      os.path.join(ROOT, run.config) + (f":{variant}" if variant else ""))
+      os.path.join(ROOT, run.config) + (f":{variant}" if variant else "")
+  )
 
 
 def _apply(config, run: Run):
@@ -167,8 +205,10 @@ def select(study: str, only: str = "") -> List[Run]:
     names = [n.strip() for n in only.split(",") if n.strip()]
     unknown = sorted(set(names) - {r.name for r in runs})
     if unknown:
-      raise ValueError(f"study {study!r} has no run {', '.join(unknown)}; its runs: "
-                       f"{', '.join(r.name for r in runs)}")
+      raise ValueError(
+          f"study {study!r} has no run {', '.join(unknown)}; its runs: "
+          f"{', '.join(r.name for r in runs)}"
+      )
     runs = [r for r in runs if r.name in names]
   return runs
 
@@ -188,8 +228,11 @@ def train(runs: Sequence[Run], commands: Sequence[List[str]], parallel: int = 1)
     for run, proc in [a for a in active if a[1].poll() is not None]:
       active.remove((run, proc))
       if proc.returncode:
-        print(f"run {run.name} exited with status {proc.returncode}; the report covers the "
-              "others", file=sys.stderr, flush=True)
+        print(
+            f"run {run.name} exited with status {proc.returncode}; the report covers the " "others",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _recipe(cmd: Sequence[str]) -> List[str]:
@@ -200,7 +243,7 @@ def _recipe(cmd: Sequence[str]) -> List[str]:
 def save_scalars(path: str, cmd: Sequence[str], scalars) -> None:
   """A finished run's scalars, with the recipe they came from, as JSON next to the report."""
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path, "w") as f:
+  with open(path, "w", encoding="utf-8") as f:
     json.dump({"recipe": _recipe(cmd), "scalars": scalars}, f, separators=(",", ":"))
 
 
@@ -208,17 +251,21 @@ def load_scalars(path: str, cmd: Sequence[str]):
   """The scalars saved at `path`, or None when there are none or they came from another recipe."""
   if not os.path.isfile(path):
     return None
-  with open(path) as f:
+  with open(path, encoding="utf-8") as f:
     saved = json.load(f)
   if saved.get("recipe") != _recipe(cmd):
-    print(f"ignoring {path}: saved from {saved.get('recipe')}, not {_recipe(cmd)}",
-          file=sys.stderr)
+    print(f"ignoring {path}: saved from {saved.get('recipe')}, not {_recipe(cmd)}", file=sys.stderr)
     return None
   return {tag: [(int(s), float(v)) for s, v in points] for tag, points in saved["scalars"].items()}
 
 
-def report(study: str, runs: Sequence[Run], commands: Sequence[List[str]], workdirs: Sequence[str],
-           out_dir: str) -> str:
+def report(
+    study: str,
+    runs: Sequence[Run],
+    commands: Sequence[List[str]],
+    workdirs: Sequence[str],
+    out_dir: str,
+) -> str:
   """Writes <out_dir>/<study>.md and .png from the runs' events; returns the markdown path.
 
   Each run's scalars are also saved to <out_dir>/<study>/<run>.json, and a run whose workdir is
@@ -226,10 +273,11 @@ def report(study: str, runs: Sequence[Run], commands: Sequence[List[str]], workd
   study can be trained in parts. A file saved from other overrides or steps is ignored.
   """
   from ragen_jax import logging_utils, plot  # pylint: disable=g-import-not-at-top
+
   os.makedirs(out_dir, exist_ok=True)
   loaded, used, from_saved = [], [], []
   for run, cmd, workdir in zip(runs, commands, workdirs):
-    workdir = os.path.join(ROOT, workdir)   # relative ones from the repository root
+    workdir = os.path.join(ROOT, workdir)  # relative ones from the repository root
     saved = os.path.join(out_dir, study, f"{run.name}.json")
     # A run that has only just started has an events file but no scalars yet: left out.
     scalars = logging_utils.read_scalars(workdir) if os.path.isdir(workdir) else {}
@@ -251,11 +299,14 @@ def report(study: str, runs: Sequence[Run], commands: Sequence[List[str]], workd
   lines += [" ".join(shlex.quote(a) for a in ["python", *c[1:]]) for c in used]
   lines += ["```", ""]
   if from_saved:
-    lines += [f"Read from the scalars saved in `{study}/` (their run directories were not "
-              f"here): {', '.join(from_saved)}.", ""]
+    lines += [
+        f"Read from the scalars saved in `{study}/` (their run directories were not "
+        f"here): {', '.join(from_saved)}.",
+        "",
+    ]
   lines += [plot.table(loaded), "", f"![{study}]({os.path.basename(png)})", ""]
   md = os.path.join(out_dir, f"{study}.md")
-  with open(md, "w") as f:
+  with open(md, "w", encoding="utf-8") as f:
     f.write("\n".join(lines))
   return md
 

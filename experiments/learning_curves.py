@@ -1,7 +1,8 @@
-r"""Kept for older commands: the same as `python -m ragen_jax.plot` (curves and BENCHMARKS.md's table).
+r"""Kept for older commands: the same as `python -m ragen_jax.plot` (curves and a results table).
 
-  python experiments/learning_curves.py runs/sokoban_ppo runs/bandit_grpo --out=curves.png
+python experiments/learning_curves.py runs/sokoban_ppo runs/bandit_grpo --out=curves.png
 """
+
 import sys
 
 from ragen_jax import plot

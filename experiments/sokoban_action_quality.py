@@ -10,13 +10,14 @@ action is optimal when it shortens the breadth-first solution (`envs.sokoban.sol
 one move. The same states also give the share a uniformly random first action would reach, so
 the figure can be read against chance; `--random_play=N` also plays the config's validation
 levels (of `--env`, any environment) N times with uniformly random actions: the success of
-chance. Used in BENCHMARKS.md (issue #6) to tell a policy that plans from one that guesses.
+chance. Used in experiments/README.md to tell a policy that plans from one that guesses.
 
 It also counts how a policy gets stuck (`loop_stats`): replies whose second move undoes the
 first (Up || Down), and turns after which the board is unchanged. A near-greedy policy (RAGEN
 validates at temperature 0.5) that meets the same board again gives the same reply, so such a
 turn usually repeats until the episode's turns run out.
 """
+
 import argparse
 import json
 import re
@@ -48,7 +49,7 @@ def turn_states(rows: Iterable[dict]):
           yield match.group(1).strip("\n"), msg["content"]
 
 
-_OPPOSITE = {a.lower(): b.lower() for a, b in demos.OPPOSITE.items()}   # replies' words, lowered
+_OPPOSITE = {a.lower(): b.lower() for a, b in demos.OPPOSITE.items()}  # replies' words, lowered
 
 
 def loop_stats(rows: Iterable[dict]) -> Dict[str, float]:
@@ -73,21 +74,26 @@ def loop_stats(rows: Iterable[dict]) -> Dict[str, float]:
       failed_stuck += any(same)
   if not replies:
     raise ValueError("no Sokoban replies in these trajectories")
-  return {"replies": replies, "undo_share": undo / replies, "turns": turns,
-          "stuck_share": stuck / max(turns, 1), "failed": failed,
-          "failed_stuck_share": failed_stuck / max(failed, 1)}
+  return {
+      "replies": replies,
+      "undo_share": undo / replies,
+      "turns": turns,
+      "stuck_share": stuck / max(turns, 1),
+      "failed": failed,
+      "failed_stuck_share": failed_stuck / max(failed, 1),
+  }
 
 
 def action_quality(rows: Iterable[dict], env=None, depth: int = 20) -> Dict[str, float]:
   """{'turns', 'optimal_share', 'random_share'} over the solvable turns of `rows`."""
   env = env or envs.make("sokoban")
   step = jax.jit(env.step)
-  key = jax.random.key(0)         # Sokoban's step is deterministic; the key is unused.
+  key = jax.random.key(0)  # Sokoban's step is deterministic; the key is unused.
   turns, optimal, random_share = 0, 0, 0.0
   for grid, reply in turn_states(rows):
     state = env.from_text(grid)
     plan = envs.sokoban.solve(state, depth)
-    if not plan:                  # unsolvable within depth (or already solved): no optimal move
+    if not plan:  # unsolvable within depth (or already solved): no optimal move
       continue
     good: List[bool] = []
     for a in range(env.num_actions):
@@ -103,8 +109,9 @@ def action_quality(rows: Iterable[dict], env=None, depth: int = 20) -> Dict[str,
   return {"turns": turns, "optimal_share": optimal / turns, "random_share": random_share / turns}
 
 
-def random_play_success(config_spec: str, plays: int, random_prob: float = 1.0,
-                        env_name: str = "sokoban") -> List[float]:
+def random_play_success(
+    config_spec: str, plays: int, random_prob: float = 1.0, env_name: str = "sokoban"
+) -> List[float]:
   """Success of uniformly random actions on the config's validation levels of `env_name`, per
   play (`random_prob` < 1 mixes in the expert's moves, as the demonstrations do)."""
   exp = experiment.from_config(launch_utils.load_config_file(config_spec))
@@ -127,28 +134,42 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("files", nargs="*", help="eval/step_N.jsonl files of runs")
   parser.add_argument("--depth", type=int, default=20, help="solver depth limit (moves)")
-  parser.add_argument("--random_play", type=int, default=0,
-                      help="also play the validation levels this many times at random")
-  parser.add_argument("--config", default="configs/sokoban_ppo.py",
-                      help="config whose validation levels --random_play plays")
+  parser.add_argument(
+      "--random_play",
+      type=int,
+      default=0,
+      help="also play the validation levels this many times at random",
+  )
+  parser.add_argument(
+      "--config",
+      default="configs/sokoban_ppo.py",
+      help="config whose validation levels --random_play plays",
+  )
   parser.add_argument("--env", default="sokoban", help="environment --random_play plays")
   args = parser.parse_args(argv)
   if args.random_play:
     wins = random_play_success(args.config, args.random_play, env_name=args.env)
-    print(f"random play on {args.config}'s {args.env} validation levels: success "
-          + ", ".join(f"{w:.1%}" for w in wins) + f" (mean {sum(wins) / len(wins):.1%})")
+    print(
+        f"random play on {args.config}'s {args.env} validation levels: success "
+        + ", ".join(f"{w:.1%}" for w in wins)
+        + f" (mean {sum(wins) / len(wins):.1%})"
+    )
   if args.files:
-    print("| file | success | solvable turns | first action optimal | random first action | "
-          "replies that undo a move | turns leaving the board unchanged | failures with one |")
+    print(
+        "| file | success | solvable turns | first action optimal | random first action | "
+        "replies that undo a move | turns leaving the board unchanged | failures with one |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
   for path in args.files:
-    with open(path) as f:
+    with open(path, encoding="utf-8") as f:
       rows = [json.loads(line) for line in f]
     q, loops = action_quality(rows, depth=args.depth), loop_stats(rows)
     success = [bool(r["success"]) for r in rows if r.get("env") == "sokoban"]
-    print(f"| {path} | {sum(success) / len(success):.1%} | {q['turns']} | "
-          f"{q['optimal_share']:.1%} | {q['random_share']:.1%} | {loops['undo_share']:.1%} | "
-          f"{loops['stuck_share']:.1%} | {loops['failed_stuck_share']:.1%} |")
+    print(
+        f"| {path} | {sum(success) / len(success):.1%} | {q['turns']} | "
+        f"{q['optimal_share']:.1%} | {q['random_share']:.1%} | {loops['undo_share']:.1%} | "
+        f"{loops['stuck_share']:.1%} | {loops['failed_stuck_share']:.1%} |"
+    )
 
 
 if __name__ == "__main__":

@@ -3,15 +3,16 @@ r"""How noisy is one validation, and does a run's gain hold on other levels?
   python -m experiments.validation_noise                                 # the shipped warm start
   python -m experiments.validation_noise runs/sokoban_ppo/checkpoints/25 runs/other   # and these
 
-Issue #6 measures learning as validation success on 64 fixed levels, sampled at temperature 0.5.
+The trainer measures learning as validation success on 64 fixed levels, sampled at temperature 0.5.
 That number moves for two reasons besides learning: the sampling key (the same policy on the same
 levels solves a different share with other samples) and the choice of the 64 levels. For the
 config's starting policy and every given training checkpoint (a run's workdir for its latest step,
 or one `checkpoints/<step>` directory), this prints success on the default levels under
 `--keys` sampling keys (seed.init, from which validation draws its key: the spread from sampling
 alone) and on `--level_sets` x 64 other levels (seeds seed.val + 64 j, j = 1 ..; disjoint from the
-training seeds), each with its standard error. Used in BENCHMARKS.md (issue #6).
+training seeds), each with its standard error. Used in experiments/README.md.
 """
+
 import argparse
 import math
 from typing import Dict, List
@@ -35,10 +36,16 @@ def measure(config, model, tok, keys: int, level_sets: int) -> Dict[str, float]:
   mean = lambda xs: sum(xs) / len(xs)
   std = lambda xs: math.sqrt(sum((x - mean(xs)) ** 2 for x in xs) / max(len(xs) - 1, 1))
   p = mean(by_set)
-  return {"default": by_key[0], "keys_mean": mean(by_key), "keys_std": std(by_key),
-          "keys_min": min(by_key), "keys_max": max(by_key), "other_levels": p,
-          "other_levels_se": math.sqrt(p * (1 - p) / (groups * level_sets)),
-          "other_sets_std": std(by_set)}
+  return {
+      "default": by_key[0],
+      "keys_mean": mean(by_key),
+      "keys_std": std(by_key),
+      "keys_min": min(by_key),
+      "keys_max": max(by_key),
+      "other_levels": p,
+      "other_levels_se": math.sqrt(p * (1 - p) / (groups * level_sets)),
+      "other_sets_std": std(by_set),
+  }
 
 
 def main(argv=None):
@@ -55,14 +62,18 @@ def main(argv=None):
   for name in ["start", *args.checkpoints]:
     model, tok, _ = evaluate.load_policy(config, None if name == "start" else name)
     m = {k: 100 * v for k, v in measure(config, model, tok, args.keys, args.level_sets).items()}
-    rows.append(f"| {name} | {m['default']:.1f} | {m['keys_mean']:.1f} ± {m['keys_std']:.1f} "
-                f"({m['keys_min']:.1f}-{m['keys_max']:.1f}) | {m['other_levels']:.1f} ± "
-                f"{m['other_levels_se']:.1f} | {m['other_sets_std']:.1f} |")
+    rows.append(
+        f"| {name} | {m['default']:.1f} | {m['keys_mean']:.1f} ± {m['keys_std']:.1f} "
+        f"({m['keys_min']:.1f}-{m['keys_max']:.1f}) | {m['other_levels']:.1f} ± "
+        f"{m['other_levels_se']:.1f} | {m['other_sets_std']:.1f} |"
+    )
     print(rows[-1], flush=True)
   groups = config.envs.sokoban.val_groups
-  print(f"\n| policy | default levels, default key | default levels, {args.keys} keys: mean ± std "
-        f"(range) | {args.level_sets} x {groups} other levels ± s.e. | std between the other "
-        f"sets |\n| --- | ---: | ---: | ---: | ---: |")
+  print(
+      f"\n| policy | default levels, default key | default levels, {args.keys} keys: mean ± std "
+      f"(range) | {args.level_sets} x {groups} other levels ± s.e. | std between the other "
+      f"sets |\n| --- | ---: | ---: | ---: | ---: |"
+  )
   print("\n".join(rows))
 
 

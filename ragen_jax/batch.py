@@ -12,16 +12,17 @@ Token conventions (shared by rollout, advantages and losses):
   * `token_rewards_BxT` is zero except where the rollout placed rewards: the episode return on the
     last assistant token (optionally each turn's reward on that turn's last token).
 """
+
 from flax import struct
 import jax
 
 
 @struct.dataclass
 class RolloutBatch:
-  tokens_BxT: jax.Array           # int32 token ids, left-padded
-  attention_mask_BxT: jax.Array   # int32, 0 on left padding
-  loss_mask_BxT: jax.Array        # int32, 1 on sampled assistant tokens
-  logprobs_BxT: jax.Array         # float32, behaviour-policy log-prob of each sampled token
-  token_rewards_BxT: jax.Array    # float32, rewards placed on tokens
-  group_ids_B: jax.Array          # int32, episodes of one env group share a start state
-  scores_B: jax.Array             # float32, episode return (the outcome score for GRPO / filtering)
+  tokens_BxT: jax.Array  # int32 token ids, left-padded
+  attention_mask_BxT: jax.Array  # int32, 0 on left padding
+  loss_mask_BxT: jax.Array  # int32, 1 on sampled assistant tokens
+  logprobs_BxT: jax.Array  # float32, behaviour-policy log-prob of each sampled token
+  token_rewards_BxT: jax.Array  # float32, rewards placed on tokens
+  group_ids_B: jax.Array  # int32, episodes of one env group share a start state
+  scores_B: jax.Array  # float32, episode return (the outcome score for GRPO / filtering)

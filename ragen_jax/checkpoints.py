@@ -16,6 +16,7 @@ Multi-process runs: every process calls save and restore (orbax writes and reads
 shards from the processes that hold them, and the JSON metadata from process 0 only); the
 directory must be on a filesystem all processes share.
 """
+
 import os
 from typing import Any, Dict, Optional, Tuple
 
@@ -31,8 +32,10 @@ class NonFiniteError(ValueError):
 
 
 def _flat(tree) -> Dict[str, Any]:
-  return {jax.tree_util.keystr(path): leaf
-          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  return {
+      jax.tree_util.keystr(path): leaf
+      for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+  }
 
 
 def _to_savable(state):
@@ -45,9 +48,13 @@ def _to_savable(state):
       # Keep the key's sharding: on several processes orbax needs one for every array.
       return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=x.sharding)
     return jax.random.key_data(x)
+
   return jax.tree.map(
       lambda x: key_data(x)
-      if jnp.issubdtype(getattr(x, "dtype", np.float32), jax.dtypes.prng_key) else x, tree)
+      if jnp.issubdtype(getattr(x, "dtype", np.float32), jax.dtypes.prng_key)
+      else x,
+      tree,
+  )
 
 
 def check_finite(state) -> None:
@@ -66,9 +73,13 @@ class Checkpointer:
     self.directory = os.path.abspath(os.fspath(directory))
     # Handlers named up front, so a new process can read metadata of steps it did not write.
     self._manager = ocp.CheckpointManager(
-        self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
-        item_handlers={"state": ocp.StandardCheckpointHandler(),
-                       "meta": ocp.JsonCheckpointHandler()})
+        self.directory,
+        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
+        item_handlers={
+            "state": ocp.StandardCheckpointHandler(),
+            "meta": ocp.JsonCheckpointHandler(),
+        },
+    )
 
   def latest_step(self) -> Optional[int]:
     return self._manager.latest_step()
@@ -79,9 +90,14 @@ class Checkpointer:
   def save(self, step: int, state: Any, meta: Optional[Dict[str, Any]] = None) -> None:
     """Writes `state` (checked finite) and JSON-serialisable `meta` as step `step`; blocks."""
     check_finite(state)
-    self._manager.save(int(step), args=ocp.args.Composite(
-        state=ocp.args.StandardSave(_to_savable(state)),
-        meta=ocp.args.JsonSave(dict(meta or {}))), force=True)
+    self._manager.save(
+        int(step),
+        args=ocp.args.Composite(
+            state=ocp.args.StandardSave(_to_savable(state)),
+            meta=ocp.args.JsonSave(dict(meta or {})),
+        ),
+        force=True,
+    )
     self._manager.wait_until_finished()
 
   def restore(self, like: Any, step: Optional[int] = None) -> Tuple[Any, Dict[str, Any]]:
@@ -101,27 +117,36 @@ class Checkpointer:
     """
     step = self.latest_step() if step is None else int(step)
     if step is None or step not in self._manager.all_steps():
-      raise FileNotFoundError(f"No checkpoint{'' if step is None else f' at step {step}'} in "
-                              f"{self.directory}.")
+      raise FileNotFoundError(
+          f"No checkpoint{'' if step is None else f' at step {step}'} in " f"{self.directory}."
+      )
     target = _to_savable(like)
     self._check_fits(step, target)
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
-    restored = self._manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+    restored = self._manager.restore(
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+        ),
+    )
     state = restored["state"]
     # Raw key data goes back into typed keys where `like` holds them.
     state = jax.tree.map(
         lambda ref, x: jax.random.wrap_key_data(x)
-        if jnp.issubdtype(getattr(ref, "dtype", np.float32), jax.dtypes.prng_key) else x,
-        flax.serialization.to_state_dict(like), state)
+        if jnp.issubdtype(getattr(ref, "dtype", np.float32), jax.dtypes.prng_key)
+        else x,
+        flax.serialization.to_state_dict(like),
+        state,
+    )
     return flax.serialization.from_state_dict(like, state), dict(restored["meta"] or {})
 
   def meta(self, step: Optional[int] = None) -> Dict[str, Any]:
     """The JSON metadata saved with step `step` (default: the latest), without the state."""
     step = self.latest_step() if step is None else int(step)
     if step is None or step not in self._manager.all_steps():
-      raise FileNotFoundError(f"No checkpoint{'' if step is None else f' at step {step}'} in "
-                              f"{self.directory}.")
+      raise FileNotFoundError(
+          f"No checkpoint{'' if step is None else f' at step {step}'} in " f"{self.directory}."
+      )
     restored = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
     return dict(restored["meta"] or {})
 
@@ -138,9 +163,11 @@ class Checkpointer:
     for path, ref in expected.items():
       got = saved[path]
       if tuple(got.shape) != tuple(np.shape(ref)) or np.dtype(got.dtype) != np.dtype(ref.dtype):
-        raise ValueError(f"The {where} does not fit this run: {path} is "
-                         f"{np.dtype(got.dtype).name}{list(got.shape)} there but "
-                         f"{np.dtype(ref.dtype).name}{list(np.shape(ref))} here.")
+        raise ValueError(
+            f"The {where} does not fit this run: {path} is "
+            f"{np.dtype(got.dtype).name}{list(got.shape)} there but "
+            f"{np.dtype(ref.dtype).name}{list(np.shape(ref))} here."
+        )
 
   def close(self) -> None:
     self._manager.close()

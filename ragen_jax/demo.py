@@ -1,4 +1,4 @@
-"""A short batched environment demo: the default job until the trainer lands.
+"""A short batched environment demo: random play, throughput and rendered levels.
 
   python -m ragen_jax.demo [--batch 1024] [--steps 10]
 
@@ -6,6 +6,7 @@ Generates a batch of Sokoban levels on the device, plays random actions in every
 batch with one jitted, vmapped step per turn, and prints throughput, outcomes and a few levels
 as RAGEN renders them; then does the same for FrozenLake and Bandit.
 """
+
 import argparse
 import time
 
@@ -37,7 +38,8 @@ def play(env, batch: int, steps: int, seed: int = 0):
       jax.block_until_ready(step(jax.random.split(k_env, batch), states, actions))
     start = time.perf_counter()
     states, reward, _, info = jax.block_until_ready(
-        step(jax.random.split(k_env, batch), states, actions))
+        step(jax.random.split(k_env, batch), states, actions)
+    )
     step_seconds += time.perf_counter() - start
     returns += reward
     success |= info["success"]
@@ -54,8 +56,10 @@ def main():
     env = envs.make(name)
     first, returns, success, gen_s, step_s = play(env, args.batch, args.steps)
     print(f"\n== {name}: {args.batch} episodes, {args.steps} random steps each")
-    print(f"reset {args.batch / gen_s:,.0f} episodes/s; "
-          f"step {args.batch * args.steps / step_s:,.0f} steps/s")
+    print(
+        f"reset {args.batch / gen_s:,.0f} episodes/s; "
+        f"step {args.batch * args.steps / step_s:,.0f} steps/s"
+    )
     print(f"random policy: success {success.mean():.1%}, mean return {returns.mean():+.3f}")
     print(f"first start state (actions {env.action_names_for(first)}):")
     print(env.render(first, "grid_coord" if name != "bandit" else "grid"))

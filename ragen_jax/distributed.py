@@ -22,6 +22,7 @@ same jitted calls with the same shapes or they all wait forever. At the end of a
 episodes are gathered (`allgather`) so that metrics, the training batch and the logs are the
 same on every process, and the same as a single-process run would produce.
 """
+
 import os
 import pickle
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
@@ -60,15 +61,19 @@ def cluster_from_env(environ: Mapping[str, str] = os.environ) -> Optional[str]:
 
 
 def parse_device_ids(text: Optional[str]) -> Optional[List[int]]:
-  """"0,1,2" -> [0, 1, 2]; None or "" -> None."""
+  """ "0,1,2" -> [0, 1, 2]; None or "" -> None."""
   if not text:
     return None
   return [int(x) for x in str(text).split(",") if x.strip()]
 
 
-def initialize(coordinator_address: Optional[str] = None, num_processes: Optional[int] = None,
-               process_id: Optional[int] = None, local_device_ids: Optional[Sequence[int]] = None,
-               environ: Mapping[str, str] = os.environ) -> bool:
+def initialize(
+    coordinator_address: Optional[str] = None,
+    num_processes: Optional[int] = None,
+    process_id: Optional[int] = None,
+    local_device_ids: Optional[Sequence[int]] = None,
+    environ: Mapping[str, str] = os.environ,
+) -> bool:
   """Joins the distributed runtime when asked to; returns whether it did.
 
   Args:
@@ -81,8 +86,9 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
   Arguments left None are auto-detected by JAX where a cluster manager supplies them. Must run
   before anything creates a JAX backend (jax.devices(), an array, a compilation).
   """
-  explicit = any(v is not None for v in (coordinator_address, num_processes, process_id,
-                                         local_device_ids))
+  explicit = any(
+      v is not None for v in (coordinator_address, num_processes, process_id, local_device_ids)
+  )
   cluster = "flags" if explicit else cluster_from_env(environ)
   if cluster is None:
     return False
@@ -94,13 +100,21 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
   # read when the CPU backend is created, so it must be set first. It does not affect GPU / TPU.
   if not environ.get("JAX_CPU_COLLECTIVES_IMPLEMENTATION"):
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(coordinator_address=coordinator_address,
-                             num_processes=num_processes, process_id=process_id,
-                             local_device_ids=local_device_ids)
+  jax.distributed.initialize(
+      coordinator_address=coordinator_address,
+      num_processes=num_processes,
+      process_id=process_id,
+      local_device_ids=local_device_ids,
+  )
   if jax.process_index() > 0:
     logging.set_verbosity(logging.WARNING)  # one console: process 0 tells the story
-  logging.warning("joined a %d-process run (%s) as process %d with %d local devices",
-                  jax.process_count(), cluster, jax.process_index(), jax.local_device_count())
+  logging.warning(
+      "joined a %d-process run (%s) as process %d with %d local devices",
+      jax.process_count(),
+      cluster,
+      jax.process_index(),
+      jax.local_device_count(),
+  )
   return True
 
 
@@ -127,14 +141,20 @@ def row_range(sharding: jax.sharding.Sharding, rows: int) -> Tuple[int, int]:
     ValueError: the held rows are not one contiguous block (a device order this loop cannot
       split episodes by).
   """
-  spans = sorted({idx[0].indices(rows)[:2]
-                  for idx in sharding.addressable_devices_indices_map((rows,)).values()})
+  spans = sorted(
+      {
+          idx[0].indices(rows)[:2]
+          for idx in sharding.addressable_devices_indices_map((rows,)).values()
+      }
+  )
   lo, hi = spans[0][0], max(stop for _, stop in spans)
   covered = lo
   for start, stop in spans:
     if start > covered:
-      raise ValueError(f"process {jax.process_index()} holds rows {spans} of a batch of {rows}: "
-                       "not a contiguous block; order the mesh devices by process")
+      raise ValueError(
+          f"process {jax.process_index()} holds rows {spans} of a batch of {rows}: "
+          "not a contiguous block; order the mesh devices by process"
+      )
     covered = max(covered, stop)
   return lo, hi
 
@@ -186,7 +206,7 @@ def _rows_from_shards(x: jax.Array, lo: int, hi: int) -> Optional[np.ndarray]:
     start, stop = max(rows[0], lo), min(rows[1], hi)
     if start < stop:
       where = (slice(start - lo, stop - lo),) + tuple(shard.index[1:])
-      out[where] = np.asarray(shard.data)[start - rows[0]:stop - rows[0]]
+      out[where] = np.asarray(shard.data)[start - rows[0] : stop - rows[0]]
       filled[where] = True
   return out if filled.all() else None
 
@@ -221,9 +241,9 @@ def allgather(obj: Any) -> List[Any]:
   data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
   sizes = np.asarray(multihost_utils.process_allgather(np.array([data.size], np.int64)))[:, 0]
   padded = np.zeros((int(sizes.max()),), np.uint8)
-  padded[:data.size] = data
+  padded[: data.size] = data
   blobs = np.asarray(multihost_utils.process_allgather(padded))
-  return [pickle.loads(blobs[p, :sizes[p]].tobytes()) for p in range(len(sizes))]
+  return [pickle.loads(blobs[p, : sizes[p]].tobytes()) for p in range(len(sizes))]
 
 
 def put(tree: Any, shardings: Any) -> Any:
@@ -237,8 +257,9 @@ def put(tree: Any, shardings: Any) -> Any:
 
   def one(x, sharding):
     if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-      return jax.random.wrap_key_data(one(jax.random.key_data(x), sharding),
-                                      impl=jax.random.key_impl(x))
+      return jax.random.wrap_key_data(
+          one(jax.random.key_data(x), sharding), impl=jax.random.key_impl(x)
+      )
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
       return jax.device_put(x, sharding)
     host = np.asarray(x)

@@ -16,6 +16,7 @@ seeds `seed.val + g`, `rollout.val_group_size` episodes each, at `rollout.val_te
 plus format penalties) and the other rollout metrics, per tag and pooled; writes one JSON line
 per trajectory (messages, success, reward, turns).
 """
+
 import json
 import os
 from typing import Any, Dict, Optional
@@ -31,12 +32,17 @@ from ragen_jax.train import policy as policy_lib
 from ragen_jax.train import restore
 from ragen_jax.train import validation
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
-                                          lock_config=True)
-_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Training run or Hugging Face directory; "
-                                  "none = a randomly initialised model.")
-_OUTPUT = flags.DEFINE_string("output", "eval_trajectories.jsonl",
-                              "Where to write one JSON line per trajectory.")
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Experiment config file.", lock_config=True
+)
+_CHECKPOINT = flags.DEFINE_string(
+    "checkpoint",
+    None,
+    "Training run or Hugging Face directory; none = a randomly initialised model.",
+)
+_OUTPUT = flags.DEFINE_string(
+    "output", "eval_trajectories.jsonl", "Where to write one JSON line per trajectory."
+)
 
 
 def load_policy(config, checkpoint: Optional[str] = None):
@@ -48,7 +54,7 @@ def load_policy(config, checkpoint: Optional[str] = None):
   if config is None:
     raise ValueError("--config is required unless --checkpoint is a training run")
   if checkpoint is not None:
-    config = config.copy_and_resolve_references()   # the caller's config stays as it was
+    config = config.copy_and_resolve_references()  # the caller's config stays as it was
     with config.unlocked():
       config.model.checkpoint = checkpoint
       config.sft.steps = 0
@@ -56,8 +62,13 @@ def load_policy(config, checkpoint: Optional[str] = None):
   return model, tok, config
 
 
-def evaluate(config, checkpoint: Optional[str] = None, output: Optional[str] = None,
-             model=None, tokenizer=None) -> Dict[str, Any]:
+def evaluate(
+    config,
+    checkpoint: Optional[str] = None,
+    output: Optional[str] = None,
+    model=None,
+    tokenizer=None,
+) -> Dict[str, Any]:
   """Runs validation; returns the metrics and writes the trajectories to `output`.
 
   Args:

@@ -7,6 +7,7 @@ r"""Exports a training run's actor as a Hugging Face checkpoint that `transforme
 for the shipped SentencePiece tokenizer, its model file; `AutoModelForCausalLM.from_pretrained
 (out)` then gives the same logits as the trained actor.
 """
+
 import os
 import shutil
 
@@ -17,8 +18,14 @@ from absl import logging
 from ragen_jax import models
 from ragen_jax.train import restore
 
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
-                    "special_tokens_map.json", "generation_config.json")
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "merges.txt",
+    "special_tokens_map.json",
+    "generation_config.json",
+)
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Training run directory.", required=True)
 _OUT = flags.DEFINE_string("out", None, "Output directory.", required=True)
 

@@ -14,6 +14,7 @@ Events are written with TensorBoard's own TF-free writer (`EventFileWriter` fall
 bundled TensorFlow stub), so `tensorboard --logdir` shows them as usual: scalars as classic
 `simple_value` summaries (float32) and text as string tensors tagged for the Text plugin.
 """
+
 import logging
 import math
 import os
@@ -35,8 +36,13 @@ from tensorboard.util import tensor_util
 _TEXT_PLUGIN = text_metadata.PLUGIN_NAME  # "text"
 _SCALARS_PLUGIN = "scalars"
 
-DEFAULT_PROGRESS_KEYS = ("train/success", "val/success", "actor/pg_loss", "actor/entropy",
-                         "response_length/mean")
+DEFAULT_PROGRESS_KEYS = (
+    "train/success",
+    "val/success",
+    "actor/pg_loss",
+    "actor/entropy",
+    "response_length/mean",
+)
 
 
 def _as_float(value) -> Optional[float]:
@@ -80,8 +86,11 @@ class SummaryWriter:
         raise RuntimeError(f"SummaryWriter for {self.logdir} is closed.")
       return
     if values:
-      self._writer.add_event(event_pb2.Event(
-          wall_time=time.time(), step=int(step), summary=summary_pb2.Summary(value=values)))
+      self._writer.add_event(
+          event_pb2.Event(
+              wall_time=time.time(), step=int(step), summary=summary_pb2.Summary(value=values)
+          )
+      )
 
   def scalars(self, step: int, values: Mapping[str, float]) -> None:
     """One scalar summary per key, all in one event at `step`.
@@ -108,9 +117,11 @@ class SummaryWriter:
     """A (Markdown) text summary shown by TensorBoard's Text dashboard."""
     if not self.enabled:
       return
-    tensor = tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING,
-                                    tensor_shape=tensor_shape_pb2.TensorShapeProto(),
-                                    string_val=[str(text).encode("utf-8")])
+    tensor = tensor_pb2.TensorProto(
+        dtype=types_pb2.DT_STRING,
+        tensor_shape=tensor_shape_pb2.TensorShapeProto(),
+        string_val=[str(text).encode("utf-8")],
+    )
     # The text plugin only claims tensors whose metadata names it; without it TB hides them.
     metadata = text_metadata.create_summary_metadata(display_name=None, description=None)
     self._add(step, [summary_pb2.Summary.Value(tag=tag, tensor=tensor, metadata=metadata)])
@@ -138,8 +149,12 @@ def _event_files(logdir: str) -> List[str]:
   logdir = os.fspath(logdir)
   if not os.path.isdir(logdir):
     raise FileNotFoundError(f"No log directory at {logdir}.")
-  return [os.path.join(root, name) for root, _, names in os.walk(logdir)
-          for name in names if "tfevents" in name]
+  return [
+      os.path.join(root, name)
+      for root, _, names in os.walk(logdir)
+      for name in names
+      if "tfevents" in name
+  ]
 
 
 def _summary_values(logdir: str):
@@ -152,8 +167,10 @@ def _summary_values(logdir: str):
   files = []
   for path in _event_files(logdir):
     # Raw events: the non-legacy loader rewrites simple_value into tensors on the fly.
-    events = [event_pb2.Event.FromString(record)
-              for record in event_file_loader.RawEventFileLoader(path).Load()]
+    events = [
+        event_pb2.Event.FromString(record)
+        for record in event_file_loader.RawEventFileLoader(path).Load()
+    ]
     start = events[0].wall_time if events else math.inf
     files.append((start, path, events))
   files.sort(key=lambda f: f[:2])
@@ -236,9 +253,15 @@ class Progress:
   early ETAs run high. Plain lines rather than carriage returns, because logs end up in files.
   """
 
-  def __init__(self, total_steps: int, start_step: int = 0, stream: Optional[TextIO] = None,
-               enabled: bool = True, keys: Sequence[str] = DEFAULT_PROGRESS_KEYS,
-               clock: Callable[[], float] = time.monotonic):
+  def __init__(
+      self,
+      total_steps: int,
+      start_step: int = 0,
+      stream: Optional[TextIO] = None,
+      enabled: bool = True,
+      keys: Sequence[str] = DEFAULT_PROGRESS_KEYS,
+      clock: Callable[[], float] = time.monotonic,
+  ):
     if total_steps < 1:
       raise ValueError(f"total_steps must be at least 1, got {total_steps}.")
     self.total_steps = int(total_steps)
@@ -260,9 +283,11 @@ class Progress:
     percent = clipped * 100 // self.total_steps
     filled = clipped * _BAR_WIDTH // self.total_steps
     width = len(str(self.total_steps))
-    parts = [f"step {step:>{width}}/{self.total_steps} "
-             f"[{'#' * filled}{'-' * (_BAR_WIDTH - filled)}] {percent:3d}%",
-             f"{format_duration(elapsed)} elapsed, ETA {format_duration(eta)}"]
+    parts = [
+        f"step {step:>{width}}/{self.total_steps} "
+        f"[{'#' * filled}{'-' * (_BAR_WIDTH - filled)}] {percent:3d}%",
+        f"{format_duration(elapsed)} elapsed, ETA {format_duration(eta)}",
+    ]
     shown = [f"{key} {format_number(metrics[key])}" for key in self.keys if key in metrics]
     if shown:
       parts.append(" ".join(shown))

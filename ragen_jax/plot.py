@@ -1,4 +1,4 @@
-r"""Learning curves of training runs from their TensorBoard events, and BENCHMARKS.md's table.
+r"""Learning curves of training runs from their TensorBoard events, and a results table.
 
   python -m ragen_jax.plot runs/sokoban_ppo runs/bandit_grpo --out=curves.png
   python -m ragen_jax.plot runs/a runs/b --smooth=5 --metrics=+critic/vf_loss,val/*/success
@@ -13,9 +13,11 @@ retrieval, mi_zscore) or scalar tags (`*` globs give one panel per matching tag)
 default panels, or are added to them with a leading `+`. `--smooth=K` draws per-step series as
 trailing means of K points (validation and MI series, logged every few steps, are left as they are).
 
-Prints each run's row of the before/after table in BENCHMARKS.md. Needs matplotlib; the figure is
-drawn on an Agg canvas, so no display is used and pyplot's global state is left alone.
+Prints each run's row of a before/after results table (experiments/results/*.md). Needs
+matplotlib; the figure is drawn on an Agg canvas, so no display is used and pyplot's global state
+is left alone.
 """
+
 import argparse
 import dataclasses
 import fnmatch
@@ -37,6 +39,7 @@ class PlotError(Exception):
 @dataclasses.dataclass(frozen=True)
 class Run:
   """One training run: its display name, workdir and every scalar series it logged."""
+
   name: str
   workdir: str
   scalars: Mapping[str, Series]
@@ -53,6 +56,7 @@ class Run:
 @dataclasses.dataclass(frozen=True)
 class Curve:
   """One tag drawn in a panel; `label` names its style in the panel's legend."""
+
   tag: str
   label: str = ""
   style: str = "line"
@@ -77,22 +81,39 @@ _STYLES = {
 }
 _FIRST, _MULTI = "collapse/first_turn/", "collapse/multi_turn/"
 PANELS = {
-    "success": Panel("success (step 0: starting policy)", (
-        Curve("val/success", "validation", "markers", smooth=False),
-        Curve("train/success", "training", "thin")), ylim=(-0.03, 1.03)),
+    "success": Panel(
+        "success (step 0: starting policy)",
+        (
+            Curve("val/success", "validation", "markers", smooth=False),
+            Curve("train/success", "training", "thin"),
+        ),
+        ylim=(-0.03, 1.03),
+    ),
     "reward_std": Panel("in-group reward std", (Curve("rollout/in_group_reward_std"),)),
     "entropy": Panel("actor entropy", (Curve("actor/entropy"),), ylabel="nats per token"),
-    "mi": Panel("mutual information I(X;Z) estimate", (
-        Curve(_FIRST + "mi_estimate", "first turn", "line", smooth=False),
-        Curve(_MULTI + "mi_estimate", "multi-turn", "dotted", smooth=False),
-        Curve(_FIRST + "mi_upper_bound", "log N ceiling", "dashed", smooth=False)),
-                ylabel="nats per token"),
-    "retrieval": Panel("MI retrieval accuracy, top 1 (first turn)", (
-        Curve(_FIRST + "retrieval_acc_top1", "accuracy", "line", smooth=False),
-        Curve(_FIRST + "retrieval_chance_top1", "chance", "dashed", smooth=False)),
-                       ylim=(-0.03, 1.03), optional=True),
-    "mi_zscore": Panel("MI z-score, EMA (first turn)", (
-        Curve(_FIRST + "mi_zscore_ema", smooth=False),), optional=True),
+    "mi": Panel(
+        "mutual information I(X;Z) estimate",
+        (
+            Curve(_FIRST + "mi_estimate", "first turn", "line", smooth=False),
+            Curve(_MULTI + "mi_estimate", "multi-turn", "dotted", smooth=False),
+            Curve(_FIRST + "mi_upper_bound", "log N ceiling", "dashed", smooth=False),
+        ),
+        ylabel="nats per token",
+    ),
+    "retrieval": Panel(
+        "MI retrieval accuracy, top 1 (first turn)",
+        (
+            Curve(_FIRST + "retrieval_acc_top1", "accuracy", "line", smooth=False),
+            Curve(_FIRST + "retrieval_chance_top1", "chance", "dashed", smooth=False),
+        ),
+        ylim=(-0.03, 1.03),
+        optional=True,
+    ),
+    "mi_zscore": Panel(
+        "MI z-score, EMA (first turn)",
+        (Curve(_FIRST + "mi_zscore_ema", smooth=False),),
+        optional=True,
+    ),
 }
 DEFAULT_PANELS = ("success", "reward_std", "entropy", "mi", "retrieval", "mi_zscore")
 # Tags logged every eval_every / compute_freq steps: a moving average would mix distant steps.
@@ -105,8 +126,10 @@ def run_names(workdirs: Sequence[str]) -> List[str]:
   names = [p[-1] for p in parts]
   names = ["/".join(p[-2:]) if names.count(n) > 1 else n for p, n in zip(parts, names)]
   # The same directory given twice still collides: number the repeats.
-  return [n if names[:i].count(n) == 0 else f"{n} ({names[:i].count(n) + 1})"
-          for i, n in enumerate(names)]
+  return [
+      n if names[:i].count(n) == 0 else f"{n} ({names[:i].count(n) + 1})"
+      for i, n in enumerate(names)
+  ]
 
 
 def load_runs(workdirs: Sequence[str]) -> List[Run]:
@@ -118,8 +141,10 @@ def load_runs(workdirs: Sequence[str]) -> List[Run]:
     except FileNotFoundError as e:
       raise PlotError(f"{workdir}: no such directory") from e
     if not scalars:
-      raise PlotError(f"{workdir}: no TensorBoard scalar events (no events.out.tfevents.* files "
-                      "with scalars in it or its subdirectories)")
+      raise PlotError(
+          f"{workdir}: no TensorBoard scalar events (no events.out.tfevents.* files "
+          "with scalars in it or its subdirectories)"
+      )
     runs.append(Run(name=name, workdir=os.fspath(workdir), scalars=scalars))
   return runs
 
@@ -137,8 +162,11 @@ def select_panels(metrics: Optional[str], tags: Iterable[str]) -> List[Panel]:
   """
   tags = set(tags)
   metrics = (metrics or "").strip()
-  defaults = [PANELS[name] for name in DEFAULT_PANELS
-              if not PANELS[name].optional or any(c.tag in tags for c in PANELS[name].curves)]
+  defaults = [
+      PANELS[name]
+      for name in DEFAULT_PANELS
+      if not PANELS[name].optional or any(c.tag in tags for c in PANELS[name].curves)
+  ]
   if not metrics:
     return defaults
   panels = defaults if metrics.startswith("+") else []
@@ -162,8 +190,10 @@ def check_runs(runs: Sequence[Run], panels: Sequence[Panel]) -> None:
   for run in runs:
     if not any(tag in run.scalars for tag in wanted):
       shown = ", ".join(sorted(run.scalars)[:8]) + (", ..." if len(run.scalars) > 8 else "")
-      raise PlotError(f"{run.workdir}: none of the requested tags ({', '.join(wanted)}) was "
-                      f"logged; its tags: {shown}")
+      raise PlotError(
+          f"{run.workdir}: none of the requested tags ({', '.join(wanted)}) was "
+          f"logged; its tags: {shown}"
+      )
 
 
 def smooth(values: Sequence[float], k: int) -> np.ndarray:
@@ -193,8 +223,9 @@ def _matplotlib():
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
   except ImportError as e:
-    raise ImportError("ragen_jax.plot needs matplotlib (a ragen_jax requirement): "
-                      "pip install matplotlib") from e
+    raise ImportError(
+        "ragen_jax.plot needs matplotlib (a ragen_jax requirement): pip install matplotlib"
+    ) from e
   return Figure, Line2D, FigureCanvasAgg, ticker
 
 
@@ -204,8 +235,9 @@ def _grid(num_panels: int) -> Tuple[int, int]:
   return -(-num_panels // cols), cols
 
 
-def figure(runs: Sequence[Run], panels: Sequence[Panel], smooth_k: int = 1,
-           title: Optional[str] = None):
+def figure(
+    runs: Sequence[Run], panels: Sequence[Panel], smooth_k: int = 1, title: Optional[str] = None
+):
   """One matplotlib Figure (Agg canvas): a panel per entry of `panels`, one colour per run.
 
   Every drawn line has the run's name as label and the curve's tag as gid (handy in tests);
@@ -218,6 +250,7 @@ def figure(runs: Sequence[Run], panels: Sequence[Panel], smooth_k: int = 1,
   colours = [f"C{i % 10}" for i in range(len(runs))]
   if len(runs) > 10:  # The default cycle repeats after ten; spread the runs over a colormap.
     import matplotlib  # pylint: disable=g-import-not-at-top
+
     colours = [matplotlib.colormaps["turbo"](i / (len(runs) - 1)) for i in range(len(runs))]
   first_steps = [points[0][0] for run in runs for points in run.scalars.values() if points]
   last_steps = [points[-1][0] for run in runs for points in run.scalars.values() if points]
@@ -236,8 +269,7 @@ def figure(runs: Sequence[Run], panels: Sequence[Panel], smooth_k: int = 1,
         steps, values = series
         if curve.smooth:
           values = smooth(values, smooth_k)
-        ax.plot(steps, values, color=colour, label=run.name, gid=curve.tag,
-                **_STYLES[curve.style])
+        ax.plot(steps, values, color=colour, label=run.name, gid=curve.tag, **_STYLES[curve.style])
       if not found:
         missing.append(run.name)
     smoothed = smooth_k > 1 and any(c.smooth for c in drawn)
@@ -259,22 +291,41 @@ def figure(runs: Sequence[Run], panels: Sequence[Panel], smooth_k: int = 1,
         ax.set_xlim(min(first_steps), max(last_steps))
       # Centred on an empty panel; in a corner, on a white box, over drawn lines.
       x, y, ha, va = (0.5, 0.5, "center", "center") if not drawn else (0.02, 0.97, "left", "top")
-      ax.text(x, y, f"not logged by {who}", transform=ax.transAxes, ha=ha, va=va, fontsize=8,
-              color="0.35", wrap=True, bbox=dict(facecolor="white", edgecolor="none", alpha=0.8))
+      ax.text(
+          x,
+          y,
+          f"not logged by {who}",
+          transform=ax.transAxes,
+          ha=ha,
+          va=va,
+          fontsize=8,
+          color="0.35",
+          wrap=True,
+          bbox=dict(facecolor="white", edgecolor="none", alpha=0.8),
+      )
   # The title heads the runs' legend: a suptitle would overlap a legend placed outside on top.
   handles = [line_cls([], [], color=c, linewidth=2.5) for c in colours]
-  fig.legend(handles, [r.name for r in runs], loc="outside upper center",
-             ncols=min(len(runs), 4), fontsize=9, frameon=False, title=title or None,
-             title_fontsize=12)
+  fig.legend(
+      handles,
+      [r.name for r in runs],
+      loc="outside upper center",
+      ncols=min(len(runs), 4),
+      fontsize=9,
+      frameon=False,
+      title=title or None,
+      title_fontsize=12,
+  )
   return fig
 
 
-TABLE_HEADER = ("| run | val success at step 0 | last validations | gain (points) | steps | "
-                "s/step | note |\n| --- | ---: | ---: | ---: | ---: | ---: | --- |")
+TABLE_HEADER = (
+    "| run | val success at step 0 | last validations | gain (points) | steps | "
+    "s/step | note |\n| --- | ---: | ---: | ---: | ---: | ---: | --- |"
+)
 
 
 def table_row(run: Run) -> str:
-  """The run's row of BENCHMARKS.md's before/after table (note column left empty).
+  """The run's row of a before/after results table (note column left empty).
 
   Start: the first validation; last validations: up to three after it; gain: the mean of the
   last three validations (the start included when there are fewer) minus the start, in points;
@@ -282,8 +333,14 @@ def table_row(run: Run) -> str:
   s/step: the mean of `timing_s/step`.
   """
   val = run.scalars.get("val/success", [])
-  steps = max((points[-1][0] for tag, points in run.scalars.items()
-               if points and not tag.startswith("sft/")), default=0)
+  steps = max(
+      (
+          points[-1][0]
+          for tag, points in run.scalars.items()
+          if points and not tag.startswith("sft/")
+      ),
+      default=0,
+  )
   timing = [v for _, v in run.scalars.get("timing_s/step", [])]
   per_step = f"{np.mean(timing):.0f}" if timing else "n/a"
   if not val:
@@ -300,17 +357,30 @@ def table(runs: Sequence[Run]) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   """The command line; returns the exit code (2 for unusable inputs, 1 without matplotlib)."""
-  parser = argparse.ArgumentParser(prog="python -m ragen_jax.plot",
-                                   description=__doc__.splitlines()[0])
-  parser.add_argument("workdirs", nargs="+", metavar="WORKDIR",
-                      help="training run directories (their TensorBoard events)")
+  parser = argparse.ArgumentParser(
+      prog="python -m ragen_jax.plot", description=__doc__.splitlines()[0]
+  )
+  parser.add_argument(
+      "workdirs",
+      nargs="+",
+      metavar="WORKDIR",
+      help="training run directories (their TensorBoard events)",
+  )
   parser.add_argument("--out", default="curves.png", help="image to write (default curves.png)")
-  parser.add_argument("--metrics", default=None,
-                      help="comma-separated panel names or scalar tags (globs allowed); they "
-                           f"replace the defaults ({','.join(DEFAULT_PANELS)}), or add to them "
-                           "with a leading '+'")
-  parser.add_argument("--smooth", type=int, default=1, metavar="K",
-                      help="trailing moving average of K points for per-step series")
+  parser.add_argument(
+      "--metrics",
+      default=None,
+      help="comma-separated panel names or scalar tags (globs allowed); they "
+      f"replace the defaults ({','.join(DEFAULT_PANELS)}), or add to them "
+      "with a leading '+'",
+  )
+  parser.add_argument(
+      "--smooth",
+      type=int,
+      default=1,
+      metavar="K",
+      help="trailing moving average of K points for per-step series",
+  )
   parser.add_argument("--title", default=None, help="figure title")
   args = parser.parse_args(argv)
   if args.smooth < 1:

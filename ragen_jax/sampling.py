@@ -29,6 +29,7 @@ Dimension legend: B batch, T prompt (or appended chunk) length, N max new tokens
 capacity, V vocab, L layers, D model dim, H query heads, K kv heads, G = H // K, Dh head dim,
 Q length of a stop sequence.
 """
+
 import functools
 from typing import NamedTuple, Sequence, Tuple
 
@@ -46,9 +47,9 @@ _MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 
 
 class SampleOutput(NamedTuple):
-  tokens_BxN: jax.Array    # int32, pad_id after a row stops
+  tokens_BxN: jax.Array  # int32, pad_id after a row stops
   logprobs_BxN: jax.Array  # float32, 0 after a row stops
-  lengths_B: jax.Array     # int32, sampled tokens per row (stop token included)
+  lengths_B: jax.Array  # int32, sampled tokens per row (stop token included)
 
   @property
   def tokens(self):
@@ -68,13 +69,14 @@ class LoopCache:
   """The KV cache in the decode loop's layout: one array per layer, kv heads before slots.
 
   Single-token attention over [B, S, K, Dh] (the model's layout) makes XLA transpose every
-  layer's keys and values at every step (10x slower on CPU); the loop transposes once per call.
+  layer's keys and values at every step (much slower on CPU: BENCHMARKS.md); the loop transposes once per call.
   One array per layer (not one stacked [L, ...] array) lets each step update a layer's buffer
   in place and read it whole: slicing a layer out of a stacked buffer copies it every step.
   It holds only the first `window` slots (a static bucket >= end + T + N): each step's
   attention costs the window, not the whole capacity.
   """
-  k_layers: Tuple[jax.Array, ...]   # L arrays of [B, K, S, Dh]
+
+  k_layers: Tuple[jax.Array, ...]  # L arrays of [B, K, S, Dh]
   v_layers: Tuple[jax.Array, ...]
   mask_BxS: jax.Array
   end_index: jax.Array
@@ -82,31 +84,40 @@ class LoopCache:
   @classmethod
   def of(cls, cache: models.KVCache, window: int) -> "LoopCache":
     """The first `window` slots of `cache` (the rest must stay empty during the loop)."""
-    split = lambda a: tuple(jnp.transpose(a[layer, :, :window], (0, 2, 1, 3))
-                            for layer in range(a.shape[0]))
-    return cls(split(cache.k_LxBxSxKxDh), split(cache.v_LxBxSxKxDh),
-               cache.mask_BxS[:, :window], cache.end_index)
+    split = lambda a: tuple(
+        jnp.transpose(a[layer, :, :window], (0, 2, 1, 3)) for layer in range(a.shape[0])
+    )
+    return cls(
+        split(cache.k_LxBxSxKxDh),
+        split(cache.v_LxBxSxKxDh),
+        cache.mask_BxS[:, :window],
+        cache.end_index,
+    )
 
   def into(self, cache: models.KVCache) -> models.KVCache:
     """`cache` with its first `window` slots replaced by this loop cache's."""
     stack = lambda layers: jnp.stack([jnp.transpose(a, (0, 2, 1, 3)) for a in layers])
     put = lambda full, part: jax.lax.dynamic_update_slice(full, part, (0,) * full.ndim)
-    return models.KVCache(put(cache.k_LxBxSxKxDh, stack(self.k_layers)),
-                          put(cache.v_LxBxSxKxDh, stack(self.v_layers)),
-                          put(cache.mask_BxS, self.mask_BxS), self.end_index)
+    return models.KVCache(
+        put(cache.k_LxBxSxKxDh, stack(self.k_layers)),
+        put(cache.v_LxBxSxKxDh, stack(self.v_layers)),
+        put(cache.mask_BxS, self.mask_BxS),
+        self.end_index,
+    )
 
 
 @struct.dataclass
 class DecodeState:
   """Carry of the decode loop."""
-  step: jax.Array          # int32 scalar: index of the next token to sample
-  cache: LoopCache         # holds the prompt and every sampled token but the last
-  last_B: jax.Array        # int32: the most recent sampled token of each row
-  done_B: jax.Array        # bool: the row has stopped (or was never active)
-  tokens_BxN: jax.Array    # int32
+
+  step: jax.Array  # int32 scalar: index of the next token to sample
+  cache: LoopCache  # holds the prompt and every sampled token but the last
+  last_B: jax.Array  # int32: the most recent sampled token of each row
+  done_B: jax.Array  # bool: the row has stopped (or was never active)
+  tokens_BxN: jax.Array  # int32
   logprobs_BxN: jax.Array  # float32
-  lengths_B: jax.Array     # int32
-  key: jax.Array           # PRNG key
+  lengths_B: jax.Array  # int32
+  key: jax.Array  # PRNG key
 
 
 def bucket(n: int) -> int:
@@ -117,8 +128,9 @@ def bucket(n: int) -> int:
   return -(-n // 256) * 256
 
 
-def filter_logits(logits_BxV: jax.Array, temperature: float, top_k: int = 0,
-                  top_p: float = 1.0) -> jax.Array:
+def filter_logits(
+    logits_BxV: jax.Array, temperature: float, top_k: int = 0, top_p: float = 1.0
+) -> jax.Array:
   """Temperature, then top-k, then top-p (transformers' warper order); removed entries -inf.
 
   top-k keeps every logit >= the k-th largest; top-p keeps the smallest set of most likely
@@ -160,20 +172,19 @@ def _stopped(tokens_BxN, step, token_B, stop_token_ids, stop_sequences):
     hit_B |= token_B == stop_id
   for seq in stop_sequences:
     k = len(seq)
-    window_BxQ = jax.lax.dynamic_slice_in_dim(tokens_BxN, jnp.maximum(step - k + 1, 0), k,
-                                              axis=1)
+    window_BxQ = jax.lax.dynamic_slice_in_dim(tokens_BxN, jnp.maximum(step - k + 1, 0), k, axis=1)
     hit_B |= jnp.all(window_BxQ == jnp.asarray(seq, jnp.int32)[None], axis=1) & (step >= k - 1)
   return hit_B
 
 
 def _attend_one(q_BxKxGxDh, k_BxKxSxDh, v_BxKxSxDh, mask_BxS):
   """ops.attend for a single query per row (same float32 scores and softmax)."""
-  scores_BxKxGxS = jnp.einsum("bkgd,bksd->bkgs", q_BxKxGxDh, k_BxKxSxDh,
-                              preferred_element_type=jnp.float32) * (q_BxKxGxDh.shape[-1] ** -0.5)
+  scores_BxKxGxS = jnp.einsum(
+      "bkgd,bksd->bkgs", q_BxKxGxDh, k_BxKxSxDh, preferred_element_type=jnp.float32
+  ) * (q_BxKxGxDh.shape[-1] ** -0.5)
   scores_BxKxGxS = jnp.where(mask_BxS[:, None, None], scores_BxKxGxS, _MASK_VALUE)
   probs_BxKxGxS = jax.nn.softmax(scores_BxKxGxS, axis=-1).astype(v_BxKxSxDh.dtype)
-  out = jnp.einsum("bkgs,bksd->bkgd", probs_BxKxGxS, v_BxKxSxDh,
-                   preferred_element_type=jnp.float32)
+  out = jnp.einsum("bkgs,bksd->bkgd", probs_BxKxGxS, v_BxKxSxDh, preferred_element_type=jnp.float32)
   return out.astype(v_BxKxSxDh.dtype)
 
 
@@ -191,8 +202,9 @@ def _decode_step(model: models.Qwen2, cache: LoopCache, token_B, live_B):
   pos_Bx1 = jnp.sum(cache.mask_BxS, axis=1, dtype=jnp.int32, keepdims=True)
   # Slots after `end` are never valid, so the key mask alone is the causal mask.
   mask_BxS = jax.lax.dynamic_update_slice(cache.mask_BxS, live_B[:, None], (0, end))
-  x_Bx1xD = jnp.take(model.decoder.embedding[...], token_B[:, None], axis=0,
-                     mode="clip").astype(c.dtype)
+  x_Bx1xD = jnp.take(model.decoder.embedding[...], token_B[:, None], axis=0, mode="clip").astype(
+      c.dtype
+  )
   stacked = model.decoder.layers.stacked()
   k_layers, v_layers = list(cache.k_layers), list(cache.v_layers)
   for layer in range(c.num_layers):
@@ -204,42 +216,72 @@ def _decode_step(model: models.Qwen2, cache: LoopCache, token_B, live_B):
     q, k = ops.rope(q, pos_Bx1, c.rope_theta), ops.rope(k, pos_Bx1, c.rope_theta)
     # [B, 1, K, Dh] -> [B, K, 1, Dh] at (0, 0, end, 0).
     k_layers[layer] = jax.lax.dynamic_update_slice(
-        k_layers[layer], jnp.swapaxes(k, 1, 2).astype(k_layers[layer].dtype), (0, 0, end, 0))
+        k_layers[layer], jnp.swapaxes(k, 1, 2).astype(k_layers[layer].dtype), (0, 0, end, 0)
+    )
     v_layers[layer] = jax.lax.dynamic_update_slice(
-        v_layers[layer], jnp.swapaxes(v, 1, 2).astype(v_layers[layer].dtype), (0, 0, end, 0))
+        v_layers[layer], jnp.swapaxes(v, 1, 2).astype(v_layers[layer].dtype), (0, 0, end, 0)
+    )
     q_BxKxGxDh = q.reshape(b, c.num_kv_heads, c.num_groups, c.head_dim)
-    attn = _attend_one(q_BxKxGxDh, k_layers[layer].astype(c.dtype),
-                       v_layers[layer].astype(c.dtype), mask_BxS)
+    attn = _attend_one(
+        q_BxKxGxDh, k_layers[layer].astype(c.dtype), v_layers[layer].astype(c.dtype), mask_BxS
+    )
     attn_Bx1xHxDh = attn.reshape(b, 1, c.num_heads, c.head_dim)
     x_Bx1xD = x_Bx1xD + jnp.einsum("bthe,hed->btd", attn_Bx1xHxDh, p["o_kernel"])
     h_Bx1xD = ops.rms_norm(x_Bx1xD, p["mlp_norm"], c.rms_norm_eps)
-    x_Bx1xD = x_Bx1xD + ops.swiglu(h_Bx1xD, p["gate_kernel"], p["up_kernel"],
-                                   p["down_kernel"])
+    x_Bx1xD = x_Bx1xD + ops.swiglu(h_Bx1xD, p["gate_kernel"], p["up_kernel"], p["down_kernel"])
   hidden_Bx1xD = ops.rms_norm(x_Bx1xD, model.decoder.final_norm[...], c.rms_norm_eps)
-  logits_BxV = jnp.einsum("btd,dv->btv", hidden_Bx1xD, model.unembed_kernel().astype(c.dtype),
-                          preferred_element_type=jnp.float32)[:, 0]
+  logits_BxV = jnp.einsum(
+      "btd,dv->btv",
+      hidden_Bx1xD,
+      model.unembed_kernel().astype(c.dtype),
+      preferred_element_type=jnp.float32,
+  )[:, 0]
   return logits_BxV, LoopCache(tuple(k_layers), tuple(v_layers), mask_BxS, end + 1)
 
 
-def _decode(graphdef, params, cache, ids_BxT, mask_BxT, active_B, key, *, max_new_tokens,
-            temperature, top_k, top_p, stop_token_ids, stop_sequences, pad_id, window=None):
+def _decode(
+    graphdef,
+    params,
+    cache,
+    ids_BxT,
+    mask_BxT,
+    active_B,
+    key,
+    *,
+    max_new_tokens,
+    temperature,
+    top_k,
+    top_p,
+    stop_token_ids,
+    stop_sequences,
+    pad_id,
+    window=None,
+):
   """Appends ids_BxT to the cache, then samples up to N tokens per active row."""
   model = nnx.merge(graphdef, params)
   b, n = ids_BxT.shape[0], max_new_tokens
   logits_BxTxV, cache = model(ids_BxT, mask_BxT, cache=cache)
   key, sub = jax.random.split(key)
-  token_B, logp_B = _sample(logits_BxTxV[:, -1], sub, temperature=temperature, top_k=top_k,
-                            top_p=top_p)
-  tokens_BxN = jnp.full((b, n), pad_id, jnp.int32).at[:, 0].set(
-      jnp.where(active_B, token_B, pad_id))
+  token_B, logp_B = _sample(
+      logits_BxTxV[:, -1], sub, temperature=temperature, top_k=top_k, top_p=top_p
+  )
+  tokens_BxN = (
+      jnp.full((b, n), pad_id, jnp.int32).at[:, 0].set(jnp.where(active_B, token_B, pad_id))
+  )
   logprobs_BxN = jnp.zeros((b, n), jnp.float32).at[:, 0].set(jnp.where(active_B, logp_B, 0.0))
   done_B = ~active_B | _stopped(tokens_BxN, 0, token_B, stop_token_ids, stop_sequences)
   full_cache = cache
   window = cache.capacity if window is None else window
-  state = DecodeState(step=jnp.int32(1), cache=LoopCache.of(cache, window), last_B=token_B,
-                      done_B=done_B,
-                      tokens_BxN=tokens_BxN, logprobs_BxN=logprobs_BxN,
-                      lengths_B=active_B.astype(jnp.int32), key=key)
+  state = DecodeState(
+      step=jnp.int32(1),
+      cache=LoopCache.of(cache, window),
+      last_B=token_B,
+      done_B=done_B,
+      tokens_BxN=tokens_BxN,
+      logprobs_BxN=logprobs_BxN,
+      lengths_B=active_B.astype(jnp.int32),
+      key=key,
+  )
 
   def cond(s: DecodeState):
     return (s.step < n) & ~jnp.all(s.done_B)
@@ -249,34 +291,50 @@ def _decode(graphdef, params, cache, ids_BxT, mask_BxT, active_B, key, *, max_ne
     live_B = ~s.done_B
     logits_BxV, cache = _decode_step(model, s.cache, s.last_B, live_B)
     key, sub = jax.random.split(s.key)
-    token_B, logp_B = _sample(logits_BxV, sub, temperature=temperature, top_k=top_k,
-                              top_p=top_p)
+    token_B, logp_B = _sample(logits_BxV, sub, temperature=temperature, top_k=top_k, top_p=top_p)
     token_B = jnp.where(live_B, token_B, pad_id)
     tokens_BxN = jax.lax.dynamic_update_slice_in_dim(s.tokens_BxN, token_B[:, None], s.step, 1)
     logprobs_BxN = jax.lax.dynamic_update_slice_in_dim(
-        s.logprobs_BxN, jnp.where(live_B, logp_B, 0.0)[:, None], s.step, 1)
+        s.logprobs_BxN, jnp.where(live_B, logp_B, 0.0)[:, None], s.step, 1
+    )
     done_B = s.done_B | _stopped(tokens_BxN, s.step, token_B, stop_token_ids, stop_sequences)
-    return DecodeState(step=s.step + 1, cache=cache, last_B=jnp.where(live_B, token_B, s.last_B),
-                       done_B=done_B, tokens_BxN=tokens_BxN, logprobs_BxN=logprobs_BxN,
-                       lengths_B=s.lengths_B + live_B, key=key)
+    return DecodeState(
+        step=s.step + 1,
+        cache=cache,
+        last_B=jnp.where(live_B, token_B, s.last_B),
+        done_B=done_B,
+        tokens_BxN=tokens_BxN,
+        logprobs_BxN=logprobs_BxN,
+        lengths_B=s.lengths_B + live_B,
+        key=key,
+    )
 
   state = jax.lax.while_loop(cond, body, state)
-  return (SampleOutput(state.tokens_BxN, state.logprobs_BxN, state.lengths_B),
-          state.cache.into(full_cache))
+  return (
+      SampleOutput(state.tokens_BxN, state.logprobs_BxN, state.lengths_B),
+      state.cache.into(full_cache),
+  )
 
 
-_STATIC = ("graphdef", "max_new_tokens", "temperature", "top_k", "top_p", "stop_token_ids",
-           "stop_sequences", "pad_id")
-_decode_jit = jax.jit(_decode, static_argnames=(*_STATIC, "window"),
-                      donate_argnames=("cache",))
+_STATIC = (
+    "graphdef",
+    "max_new_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "stop_token_ids",
+    "stop_sequences",
+    "pad_id",
+)
+_decode_jit = jax.jit(_decode, static_argnames=(*_STATIC, "window"), donate_argnames=("cache",))
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "config", "capacity",
-                                             *_STATIC[1:]))
+@functools.partial(jax.jit, static_argnames=("graphdef", "config", "capacity", *_STATIC[1:]))
 def _generate_jit(graphdef, params, ids_BxT, mask_BxT, key, *, config, capacity, **kwargs):
   cache = models.init_cache(config, ids_BxT.shape[0], capacity)
-  out, _ = _decode(graphdef, params, cache, ids_BxT, mask_BxT, jnp.any(mask_BxT > 0, axis=1),
-                   key, **kwargs)
+  out, _ = _decode(
+      graphdef, params, cache, ids_BxT, mask_BxT, jnp.any(mask_BxT > 0, axis=1), key, **kwargs
+  )
   return out
 
 
@@ -294,9 +352,16 @@ def _normalise_stops(stop_token_ids: Sequence[int], stop_sequences: Sequence[Seq
   return tuple(sorted(ids)), tuple(sorted(set(seqs)))
 
 
-def sampling_options(*, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-                     top_k: int = 0, stop_token_ids: Sequence[int] = (),
-                     stop_sequences: Sequence[Sequence[int]] = (), pad_id: int = 0) -> dict:
+def sampling_options(
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    stop_token_ids: Sequence[int] = (),
+    stop_sequences: Sequence[Sequence[int]] = (),
+    pad_id: int = 0,
+) -> dict:
   """Validated, hashable static arguments of the decode program."""
   if max_new_tokens < 1:
     raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
@@ -307,15 +372,31 @@ def sampling_options(*, max_new_tokens: int, temperature: float = 1.0, top_p: fl
   if top_k < 0:
     raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
   ids, seqs = _normalise_stops(stop_token_ids, stop_sequences)
-  return dict(max_new_tokens=int(max_new_tokens), temperature=float(temperature),
-              top_k=int(top_k), top_p=float(top_p), stop_token_ids=ids, stop_sequences=seqs,
-              pad_id=int(pad_id))
+  return dict(
+      max_new_tokens=int(max_new_tokens),
+      temperature=float(temperature),
+      top_k=int(top_k),
+      top_p=float(top_p),
+      stop_token_ids=ids,
+      stop_sequences=seqs,
+      pad_id=int(pad_id),
+  )
 
 
-def generate(model: models.Qwen2, input_ids, attention_mask, *, key: jax.Array,
-             max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-             top_k: int = 0, stop_token_ids: Sequence[int] = (),
-             stop_sequences: Sequence[Sequence[int]] = (), pad_id: int = 0) -> SampleOutput:
+def generate(
+    model: models.Qwen2,
+    input_ids,
+    attention_mask,
+    *,
+    key: jax.Array,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    stop_token_ids: Sequence[int] = (),
+    stop_sequences: Sequence[Sequence[int]] = (),
+    pad_id: int = 0,
+) -> SampleOutput:
   """Samples continuations of left-padded prompts.
 
   Args:
@@ -335,9 +416,15 @@ def generate(model: models.Qwen2, input_ids, attention_mask, *, key: jax.Array,
   Returns:
     SampleOutput(tokens_BxN, logprobs_BxN, lengths_B).
   """
-  opts = sampling_options(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                          top_k=top_k, stop_token_ids=stop_token_ids,
-                          stop_sequences=stop_sequences, pad_id=pad_id)
+  opts = sampling_options(
+      max_new_tokens=max_new_tokens,
+      temperature=temperature,
+      top_p=top_p,
+      top_k=top_k,
+      stop_token_ids=stop_token_ids,
+      stop_sequences=stop_sequences,
+      pad_id=pad_id,
+  )
   ids_BxT = np.asarray(input_ids, np.int32)
   mask_BxT = np.asarray(attention_mask, np.int32)
   b, t = ids_BxT.shape
@@ -345,12 +432,30 @@ def generate(model: models.Qwen2, input_ids, attention_mask, *, key: jax.Array,
   ids_BxT = np.concatenate([np.full((b, tb - t), pad_id, np.int32), ids_BxT], axis=1)
   mask_BxT = np.concatenate([np.zeros((b, tb - t), np.int32), mask_BxT], axis=1)
   graphdef, params = nnx.split(model)
-  return _generate_jit(graphdef, params, ids_BxT, mask_BxT, key, config=model.config,
-                       capacity=tb + bucket(max_new_tokens), **opts)
+  return _generate_jit(
+      graphdef,
+      params,
+      ids_BxT,
+      mask_BxT,
+      key,
+      config=model.config,
+      capacity=tb + bucket(max_new_tokens),
+      **opts,
+  )
 
 
-def extend(graphdef, params, cache: models.KVCache, ids_BxT, mask_BxT, active_B, key, *,
-           window: int | None = None, **opts) -> tuple[SampleOutput, models.KVCache]:
+def extend(
+    graphdef,
+    params,
+    cache: models.KVCache,
+    ids_BxT,
+    mask_BxT,
+    active_B,
+    key,
+    *,
+    window: int | None = None,
+    **opts,
+) -> tuple[SampleOutput, models.KVCache]:
   """`generate` over an existing cache: appends ids_BxT (left-padded), then samples.
 
   The cache is donated. The last sampled token of each row is NOT written to the returned
@@ -376,8 +481,9 @@ def extend(graphdef, params, cache: models.KVCache, ids_BxT, mask_BxT, active_B,
   need = int(cache.end_index) + ids_BxT.shape[1] + opts["max_new_tokens"]
   if need > limit:
     raise ValueError(f"{need} slots needed but the cache (window) has {limit}")
-  return _decode_jit(graphdef, params, cache, ids_BxT, mask_BxT, active_B, key, window=window,
-                     **opts)
+  return _decode_jit(
+      graphdef, params, cache, ids_BxT, mask_BxT, active_B, key, window=window, **opts
+  )
 
 
 def window_for(slots: int, capacity: int) -> int:
@@ -402,6 +508,9 @@ def compact(cache: models.KVCache, keep_B: jax.Array) -> models.KVCache:
   src_BxS = order_BxS[:, jnp.clip(slot_S + s - m, 0, s - 1)]
   new_mask_BxS = (slot_S[None] >= m - count_B[:, None]) & (slot_S[None] < m)
   gather = lambda a: jnp.take_along_axis(a, src_BxS[None, :, :, None, None], axis=2)
-  return models.KVCache(k_LxBxSxKxDh=gather(cache.k_LxBxSxKxDh),
-                        v_LxBxSxKxDh=gather(cache.v_LxBxSxKxDh), mask_BxS=new_mask_BxS,
-                        end_index=m)
+  return models.KVCache(
+      k_LxBxSxKxDh=gather(cache.k_LxBxSxKxDh),
+      v_LxBxSxKxDh=gather(cache.v_LxBxSxKxDh),
+      mask_BxS=new_mask_BxS,
+      end_index=m,
+  )

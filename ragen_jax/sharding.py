@@ -16,6 +16,7 @@ code therefore runs on 1 CPU (a 1x1x1 mesh), 8 simulated devices, one GPU, or ma
 
 Sizes that do not divide raise a ValueError naming both numbers before anything compiles.
 """
+
 import dataclasses
 import functools
 import math
@@ -29,15 +30,40 @@ from jax.sharding import PartitionSpec
 import numpy as np
 
 MESH_AXES = ("data", "fsdp", "tensor")
-LOGICAL_AXES = ("batch", "length", "layers", "embed", "heads", "kv_heads", "head_dim", "mlp",
-                "vocab")
-DEFAULT_RULES = (("batch", ("data", "fsdp")), ("length", ()), ("layers", ()),
-                 ("embed", ("fsdp",)), ("heads", ("tensor",)), ("kv_heads", ("tensor",)),
-                 ("head_dim", ()), ("mlp", ("tensor",)), ("vocab", ("tensor",)))
+LOGICAL_AXES = (
+    "batch",
+    "length",
+    "layers",
+    "embed",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "mlp",
+    "vocab",
+)
+# Logical axis -> mesh axes. Parameters, optimizer states, the KV cache and batches carry these
+# names; the config's `mesh.rules` writes each as "a,b" ("" = replicated).
+DEFAULT_RULES = (
+    ("batch", ("data", "fsdp")),  # episodes of a batch
+    ("length", ()),  # sequence / cache positions
+    ("layers", ()),  # the stacked-layer axis
+    ("embed", ("fsdp",)),  # hidden size (FSDP splits parameters on it)
+    ("heads", ("tensor",)),  # query heads
+    ("kv_heads", ("tensor",)),  # key/value heads (and the KV cache)
+    ("head_dim", ()),
+    ("mlp", ("tensor",)),  # MLP hidden size
+    ("vocab", ("tensor",)),
+)  # vocabulary rows of embedding and head
 # What each logical axis of the model is, for error messages.
-_MEANING = {"embed": "hidden size", "heads": "query heads", "kv_heads": "key/value heads",
-            "head_dim": "head size", "mlp": "MLP size", "vocab": "vocabulary rows",
-            "layers": "layers"}
+_MEANING = {
+    "embed": "hidden size",
+    "heads": "query heads",
+    "kv_heads": "key/value heads",
+    "head_dim": "head size",
+    "mlp": "MLP size",
+    "vocab": "vocabulary rows",
+    "layers": "layers",
+}
 
 
 def parse_rules(rules: Any) -> Tuple[Tuple[str, Tuple[str, ...]], ...]:
@@ -57,24 +83,31 @@ def parse_rules(rules: Any) -> Tuple[Tuple[str, Tuple[str, ...]], ...]:
       raise ValueError(f"mesh.rules.{name} = {value!r}: use distinct mesh axes from {MESH_AXES}")
     out.append((name, axes))
   if items:
-    raise ValueError(f"mesh.rules has unknown logical axes {sorted(items)}; valid: "
-                     f"{LOGICAL_AXES}")
+    raise ValueError(
+        f"mesh.rules has unknown logical axes {sorted(items)}; valid: " f"{LOGICAL_AXES}"
+    )
   return tuple(out)
 
 
 @dataclasses.dataclass(frozen=True)
 class MeshSpec:
   """Mesh shape (data, fsdp, tensor; one of them may be -1: all remaining devices) and rules."""
-  data: int = -1
-  fsdp: int = 1
-  tensor: int = 1
-  rules: Tuple[Tuple[str, Tuple[str, ...]], ...] = DEFAULT_RULES
+
+  data: int = -1  # pure data parallelism (-1: every device fsdp x tensor leave)
+  fsdp: int = 1  # data parallelism that also splits parameters and optimizer states
+  tensor: int = 1  # query/key-value heads, MLP and vocabulary split
+  rules: Tuple[Tuple[str, Tuple[str, ...]], ...] = dataclasses.field(
+      default=DEFAULT_RULES,
+      metadata={"section": lambda rules: {name: ",".join(axes) for name, axes in rules}},
+  )  # the config's form of the table
 
   def __post_init__(self):
     sizes = (self.data, self.fsdp, self.tensor)
     if any(not isinstance(s, int) or (s < 1 and s != -1) for s in sizes):
-      raise ValueError(f"mesh sizes must be positive integers or -1, got data={self.data}, "
-                       f"fsdp={self.fsdp}, tensor={self.tensor}")
+      raise ValueError(
+          f"mesh sizes must be positive integers or -1, got data={self.data}, "
+          f"fsdp={self.fsdp}, tensor={self.tensor}"
+      )
     if sizes.count(-1) > 1:
       raise ValueError("at most one of mesh.data, mesh.fsdp, mesh.tensor may be -1")
     object.__setattr__(self, "rules", parse_rules(self.rules))
@@ -85,12 +118,16 @@ class MeshSpec:
     known = math.prod(s for s in sizes if s != -1)
     if -1 in sizes:
       if num_devices % known:
-        raise ValueError(f"mesh: {num_devices} devices do not divide by the fixed axes "
-                         f"(product {known}) to fill the -1 axis")
+        raise ValueError(
+            f"mesh: {num_devices} devices do not divide by the fixed axes "
+            f"(product {known}) to fill the -1 axis"
+        )
       sizes[sizes.index(-1)] = num_devices // known
     if math.prod(sizes) != num_devices:
-      raise ValueError(f"mesh data x fsdp x tensor = {' x '.join(map(str, sizes))} = "
-                       f"{math.prod(sizes)} devices, but {num_devices} are available")
+      raise ValueError(
+          f"mesh data x fsdp x tensor = {' x '.join(map(str, sizes))} = "
+          f"{math.prod(sizes)} devices, but {num_devices} are available"
+      )
     return tuple(sizes)
 
 
@@ -100,8 +137,13 @@ class Sharder:
   `Sharder(spec, num_devices=n)` builds no Mesh: only the checks work, for any device count.
   """
 
-  def __init__(self, spec: MeshSpec, devices: Optional[Sequence[jax.Device]] = None, *,
-               num_devices: Optional[int] = None):
+  def __init__(
+      self,
+      spec: MeshSpec,
+      devices: Optional[Sequence[jax.Device]] = None,
+      *,
+      num_devices: Optional[int] = None,
+  ):
     self.spec = spec
     self.rules: Dict[str, Tuple[str, ...]] = dict(spec.rules)
     if num_devices is not None and devices is None:
@@ -111,8 +153,9 @@ class Sharder:
     devices = list(jax.devices() if devices is None else devices)
     shape = spec.shape(len(devices))
     self.shape = dict(zip(MESH_AXES, shape))
-    self.mesh = Mesh(np.asarray(devices).reshape(shape), MESH_AXES,
-                     axis_types=(AxisType.Auto,) * len(MESH_AXES))
+    self.mesh = Mesh(
+        np.asarray(devices).reshape(shape), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES)
+    )
 
   def __repr__(self) -> str:
     return f"Sharder(mesh={self.shape})"
@@ -143,19 +186,30 @@ class Sharder:
     n = self.size(logical)
     if size % n:
       axes = " x ".join(f"{a} = {self.shape[a]}" for a in self.rules[logical])
-      raise ValueError(f"mesh: {what} = {size} cannot be split over {axes} ({n} devices; "
-                       f"logical axis {logical!r}){hint}")
+      raise ValueError(
+          f"mesh: {what} = {size} cannot be split over {axes} ({n} devices; "
+          f"logical axis {logical!r}){hint}"
+      )
 
   def check_model(self, config) -> None:
     """Every model dimension divides the mesh axes its logical axis maps to."""
-    sizes = {"embed": config.hidden_size, "heads": config.num_heads,
-             "kv_heads": config.num_kv_heads, "head_dim": config.head_dim,
-             "mlp": config.intermediate_size, "vocab": config.vocab_size,
-             "layers": config.num_layers}
+    sizes = {
+        "embed": config.hidden_size,
+        "heads": config.num_heads,
+        "kv_heads": config.num_kv_heads,
+        "head_dim": config.head_dim,
+        "mlp": config.intermediate_size,
+        "vocab": config.vocab_size,
+        "layers": config.num_layers,
+    }
     for logical, size in sizes.items():
-      self._check(f"the model's {_MEANING[logical]}", logical, size,
-                  f"; choose mesh sizes that divide {size}, or map {logical} to fewer mesh "
-                  f"axes with --config.mesh.rules.{logical}=...")
+      self._check(
+          f"the model's {_MEANING[logical]}",
+          logical,
+          size,
+          f"; choose mesh sizes that divide {size}, or map {logical} to fewer mesh "
+          f"axes with --config.mesh.rules.{logical}=...",
+      )
 
   def check_batch(self, what: str, size: int) -> None:
     self._check(what, "batch", size, "; make it a multiple of mesh.data x mesh.fsdp")
@@ -189,8 +243,12 @@ class Sharder:
   def cache(self, cache) -> Any:
     """Shardings of a models.KVCache: episodes over batch, key/value heads over tensor."""
     kv = self.named((None, "batch", "length", "kv_heads", "head_dim"))
-    return type(cache)(k_LxBxSxKxDh=kv, v_LxBxSxKxDh=kv,
-                       mask_BxS=self.named(("batch", "length")), end_index=self.replicated)
+    return type(cache)(
+        k_LxBxSxKxDh=kv,
+        v_LxBxSxKxDh=kv,
+        mask_BxS=self.named(("batch", "length")),
+        end_index=self.replicated,
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -198,6 +256,7 @@ def param_axes() -> Dict[Tuple[str, ...], Tuple]:
   """{parameter path: logical axes} of the Qwen2 policy and critic (from their metadata)."""
   from flax import nnx  # pylint: disable=g-import-not-at-top
   from ragen_jax import models  # pylint: disable=g-import-not-at-top
+
   table = {}
   config = models.get_config("tiny").replace(tie_word_embeddings=False)  # with lm_head
   for cls in (models.Qwen2, models.Qwen2Critic):

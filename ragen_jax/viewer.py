@@ -10,6 +10,7 @@ does not parse), and the turn's reward. The turns travel as a JSON blob inside t
 small inline script shows one trajectory at a time (previous/next buttons, arrow keys, `#k` in the
 URL, filters by environment and outcome). The page loads nothing from the network.
 """
+
 import argparse
 import html
 import importlib.resources
@@ -30,8 +31,13 @@ _LEFT = re.compile(r"\nYou have (\d+) actions? left\.")
 _THINK_ANSWER = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 # JSON may hold these raw; inside <script> they could end the element or start a comment.
-_SCRIPT_UNSAFE = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
-                  "\u2028": "\\u2028", "\u2029": "\\u2029"}
+_SCRIPT_UNSAFE = {
+    "<": "\\u003c",
+    ">": "\\u003e",
+    "&": "\\u0026",
+    "\u2028": "\\u2028",
+    "\u2029": "\\u2029",
+}
 
 
 def _float(x: Any) -> Optional[float]:
@@ -62,15 +68,15 @@ def split_user(text: str) -> Dict[str, Any]:
   reward = turn = left = None
   match = _REWARD.match(text)
   if match:
-    reward, text = _float(match.group(1)), text[match.end():]
+    reward, text = _float(match.group(1)), text[match.end() :]
   match = _TURN.match(text)
   if match:
-    turn, text = int(match.group(1)), text[match.end():]
+    turn, text = int(match.group(1)), text[match.end() :]
   if text.startswith("State:\n"):
-    text = text[len("State:\n"):]
+    text = text[len("State:\n") :]
   match = _LEFT.search(text)
   if match:
-    left, text = int(match.group(1)), text[:match.start()]
+    left, text = int(match.group(1)), text[: match.start()]
   return {"prev_reward": reward, "turn": turn, "state": text, "actions_left": left}
 
 
@@ -79,8 +85,11 @@ def split_reply(text: str) -> Dict[str, Any]:
   parsed = prompts.parse_response(text, enable_think=True, max_actions=_MAX_WORDS)
   match = _THINK_ANSWER.search(text)
   if parsed.matched and match:
-    return {"think": match.group(1).strip(), "answer": match.group(2).strip(),
-            "actions": list(parsed.actions)}
+    return {
+        "think": match.group(1).strip(),
+        "answer": match.group(2).strip(),
+        "actions": list(parsed.actions),
+    }
   # Runs with enable_think=False reply with the answer alone; a think-mode reply like this was
   # penalised, and the page says that no reasoning came before the answer.
   parsed = prompts.parse_response(text, enable_think=False, max_actions=_MAX_WORDS)
@@ -107,8 +116,14 @@ def episode_view(episode: Dict[str, Any]) -> Dict[str, Any]:
       user = split_user(content)
       if steps:
         steps[-1]["text_reward"] = user["prev_reward"]
-      steps.append({"turn": user["turn"] or len(steps) + 1, "state": user["state"],
-                    "actions_left": user["actions_left"], "reply": None})
+      steps.append(
+          {
+              "turn": user["turn"] or len(steps) + 1,
+              "state": user["state"],
+              "actions_left": user["actions_left"],
+              "reply": None,
+          }
+      )
     elif role == "assistant":
       if not steps or steps[-1]["reply"] is not None:  # a reply without its own user turn
         steps.append({"turn": len(steps) + 1, "state": "", "actions_left": None, "reply": None})

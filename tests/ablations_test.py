@@ -1,4 +1,5 @@
 """experiments/ablations.py: every study's runs are valid experiments; commands; the report."""
+
 import os
 import shutil
 import sys
@@ -16,13 +17,18 @@ ALL_RUNS = [(study, run) for study, runs in ablations.STUDIES.items() for run in
 
 @pytest.mark.parametrize("study,run", ALL_RUNS, ids=[f"{s}-{r.name}" for s, r in ALL_RUNS])
 def test_every_run_is_a_valid_experiment(study, run):
-  exp = experiment.from_config(ablations.run_config(run))   # raises ValueError on a bad combination
+  exp = experiment.from_config(ablations.run_config(run))  # raises ValueError on a bad combination
   assert exp.train_episodes > 0, study
 
 
 def test_overrides_are_typed_and_unknown_keys_refused():
-  config = ablations.run_config(ablations.Run("x", "configs/sokoban_ppo.py", (
-      ("ppo.use_kl_loss", "True"), ("ppo.kl_coef", "0.001"), ("rollout.group_size", "4"))))
+  config = ablations.run_config(
+      ablations.Run(
+          "x",
+          "configs/sokoban_ppo.py",
+          (("ppo.use_kl_loss", "True"), ("ppo.kl_coef", "0.001"), ("rollout.group_size", "4")),
+      )
+  )
   assert config.ppo.use_kl_loss is True and config.ppo.kl_coef == 0.001
   assert config.rollout.group_size == 4 and isinstance(config.rollout.group_size, int)
   with pytest.raises(ValueError, match="unknown config key 'ppo.nope'"):
@@ -32,19 +38,28 @@ def test_overrides_are_typed_and_unknown_keys_refused():
 
 
 def test_runs_that_change_nothing_share_the_default_run():
-  shared = {(s, r.name) for s, r in ALL_RUNS
-            if ablations.workdir_of(s, r, "R").startswith(os.path.join("R", "defaults"))}
+  shared = {
+      (s, r.name)
+      for s, r in ALL_RUNS
+      if ablations.workdir_of(s, r, "R").startswith(os.path.join("R", "defaults"))
+  }
   # The Sokoban PPO config already clips at 0.2 / 0.28 and has no KL (actions_2 fine-tunes
   # first, so it is not the default run); the algorithm study's plain PPO and GRPO runs are
   # their config files unchanged.
   assert shared == {("clip_higher", "clip_0.2_0.28"), ("kl", "no_kl")} | {
-                        ("algorithms", f"{env}_{algo}") for env in ("sokoban", "frozenlake", "bandit")
-                        for algo in ("ppo", "grpo")}
+      ("algorithms", f"{env}_{algo}")
+      for env in ("sokoban", "frozenlake", "bandit")
+      for algo in ("ppo", "grpo")
+  }
   kl, clip = ablations.STUDIES["kl"][0], ablations.STUDIES["clip_higher"][1]
-  assert ablations.workdir_of("kl", kl, "R") == ablations.workdir_of("clip_higher", clip, "R") == \
-      os.path.join("R", "defaults", "sokoban_ppo")
-  assert ablations.workdir_of("kl", kl, "R", steps=7, variant="smoke") == \
-      os.path.join("R", "defaults", "sokoban_ppo_smoke_7steps")
+  assert (
+      ablations.workdir_of("kl", kl, "R")
+      == ablations.workdir_of("clip_higher", clip, "R")
+      == os.path.join("R", "defaults", "sokoban_ppo")
+  )
+  assert ablations.workdir_of("kl", kl, "R", steps=7, variant="smoke") == os.path.join(
+      "R", "defaults", "sokoban_ppo_smoke_7steps"
+  )
   kl_on = ablations.STUDIES["kl"][1]
   assert ablations.workdir_of("kl", kl_on, "R") == os.path.join("R", "kl", "kl_0.001")
 
@@ -55,8 +70,11 @@ def test_study_contents_match_ragens_ablations():
   assert names("actions_per_turn") == [f"actions_{n}" for n in range(1, 7)]
   for n, run in enumerate(ablations.STUDIES["actions_per_turn"], start=1):
     config = ablations.run_config(run)  # demonstrations at the run's own cap, then RL
-    assert (config.rollout.max_actions_per_turn, config.sft.steps) == (n, ablations.ACTIONS_SFT_STEPS)
-  assert len(names("algorithms")) == 12      # 4 algorithms x 3 environments
+    assert (config.rollout.max_actions_per_turn, config.sft.steps) == (
+        n,
+        ablations.ACTIONS_SFT_STEPS,
+    )
+  assert len(names("algorithms")) == 12  # 4 algorithms x 3 environments
   for run in ablations.STUDIES["group_size"]:  # a fixed batch of 32 episodes
     values = dict(run.overrides)
     assert int(values["rollout.group_size"]) * int(values["envs.sokoban.train_groups"]) == 32
@@ -81,8 +99,15 @@ def test_report_names_runs_and_tabulates_their_validations(tmp_path):
     with logging_utils.SummaryWriter(w) as writer:
       writer.scalars(0, {"val/success": start})
       for step in (1, 2):
-        writer.scalars(step, {"train/success": end, "actor/entropy": 1.0,
-                              "rollout/in_group_reward_std": 0.5, "timing_s/step": 3.0})
+        writer.scalars(
+            step,
+            {
+                "train/success": end,
+                "actor/entropy": 1.0,
+                "rollout/in_group_reward_std": 0.5,
+                "timing_s/step": 3.0,
+            },
+        )
       writer.scalars(2, {"val/success": end})
   cmds = [ablations.command(r, w) for r, w in zip(runs, workdirs)]
   md = ablations.report("clip_higher", runs, cmds, workdirs, str(tmp_path / "out"))
@@ -96,7 +121,9 @@ def test_report_names_runs_and_tabulates_their_validations(tmp_path):
   started = tmp_path / "started"
   logging_utils.SummaryWriter(str(started)).close()
   assert any(f.startswith("events.") for f in os.listdir(started))
-  md = ablations.report("clip_higher", runs, cmds, [workdirs[0], str(started)], str(tmp_path / "o2"))
+  md = ablations.report(
+      "clip_higher", runs, cmds, [workdirs[0], str(started)], str(tmp_path / "o2")
+  )
   text = open(md).read()
   assert "| clip_0.2_0.2 |" in text and "clip_0.2_0.28" not in text
   # Each run's scalars are saved beside the report: a run whose directory is gone is read from
@@ -110,8 +137,9 @@ def test_report_names_runs_and_tabulates_their_validations(tmp_path):
   text = open(ablations.report("clip_higher", runs, other, workdirs, str(tmp_path / "out"))).read()
   assert "| clip_0.2_0.2 |" in text and "clip_0.2_0.28" not in text
   with pytest.raises(ValueError, match="no run has written events"):
-    ablations.report("kl", ablations.STUDIES["kl"], cmds, [str(tmp_path / "x")] * 2,
-                     str(tmp_path / "out"))
+    ablations.report(
+        "kl", ablations.STUDIES["kl"], cmds, [str(tmp_path / "x")] * 2, str(tmp_path / "out")
+    )
 
 
 def test_report_only_of_some_runs_keeps_the_study_whole(tmp_path, capsys):
@@ -122,13 +150,24 @@ def test_report_only_of_some_runs_keeps_the_study_whole(tmp_path, capsys):
     with logging_utils.SummaryWriter(w) as writer:
       writer.scalars(0, {"val/success": 0.25})
       writer.scalars(2, {"val/success": end, "timing_s/step": 3.0})
-  ablations.report("clip_higher", runs, [ablations.command(r, w) for r, w in zip(runs, workdirs)],
-                   workdirs, out)
-  shutil.rmtree(workdirs[0])   # clip_0.2_0.2 now exists only as saved scalars
-  assert ablations.main(["--study=clip_higher", "--only=clip_0.2_0.28", "--report_only",
-                         f"--runs={tmp_path / 'R'}", f"--out={out}"]) == 0
+  ablations.report(
+      "clip_higher", runs, [ablations.command(r, w) for r, w in zip(runs, workdirs)], workdirs, out
+  )
+  shutil.rmtree(workdirs[0])  # clip_0.2_0.2 now exists only as saved scalars
+  assert (
+      ablations.main(
+          [
+              "--study=clip_higher",
+              "--only=clip_0.2_0.28",
+              "--report_only",
+              f"--runs={tmp_path / 'R'}",
+              f"--out={out}",
+          ]
+      )
+      == 0
+  )
   text = open(os.path.join(out, "clip_higher.md")).read()
   assert "| clip_0.2_0.2 | 25.0% | 50.0% | +12.5 | 2 | 3 |" in text
   assert "| clip_0.2_0.28 | 25.0% | 12.5% | -6.2 | 2 | 3 |" in text
   assert "were not here): clip_0.2_0.2." in text
-  assert "--workdir=" in capsys.readouterr().out   # --only's commands were printed
+  assert "--workdir=" in capsys.readouterr().out  # --only's commands were printed

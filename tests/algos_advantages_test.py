@@ -2,6 +2,7 @@
 
 Dimensions: B episodes, T token positions.
 """
+
 import hypothesis
 from hypothesis import strategies as st
 import hypothesis.extra.numpy as hnp
@@ -12,8 +13,8 @@ import pytest
 
 from ragen_jax import algos
 
-
 # ---------------------------------------------------------------- NumPy reference (rl_math.md)
+
 
 def ref_masked_whiten(x, m):
   x = np.asarray(x, np.float64)
@@ -53,6 +54,7 @@ def ref_grpo(scores, ids, norm_by_std, eps=1e-6):
 
 # ---------------------------------------------------------------- GAE
 
+
 def test_gae_hand_worked_observation_tokens():
   # Row: assistant token, two observation tokens (with a reward and values that must be
   # ignored), two assistant tokens, trailing padding. γ = 0.9, λ = 0.8.
@@ -60,7 +62,8 @@ def test_gae_hand_worked_observation_tokens():
   v = np.array([[0.5, 9.0, 9.0, 0.2, 0.4, 7.0]])
   m = np.array([[1, 0, 0, 1, 1, 0]])
   adv, ret = jax.jit(algos.compute_gae, static_argnums=(3, 4))(
-      jnp.asarray(r, jnp.float32), jnp.asarray(v, jnp.float32), jnp.asarray(m), 0.9, 0.8)
+      jnp.asarray(r, jnp.float32), jnp.asarray(v, jnp.float32), jnp.asarray(m), 0.9, 0.8
+  )
   # Raw: Â4 = 1 − 0.4 = 0.6; Â3 = 0.9·0.4 − 0.2 + 0.72·0.6 = 0.592; Â1 = Â2 = Â3 (carried);
   # Â0 = 0.9·0.2 − 0.5 + 0.72·0.592 = 0.10624 (γ applied once across the observation block).
   raw = np.array([0.10624, 0.592, 0.592, 0.592, 0.6, 0.0])
@@ -68,14 +71,16 @@ def test_gae_hand_worked_observation_tokens():
   valid = np.array([0.10624, 0.592, 0.6])
   mu = valid.mean()
   sd = np.sqrt(((valid - mu) ** 2).sum() / 2)
-  np.testing.assert_allclose(adv[0], (raw - mu) / np.sqrt(sd ** 2 + 1e-8), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(adv[0], (raw - mu) / np.sqrt(sd**2 + 1e-8), rtol=1e-5, atol=1e-6)
   # Masked positions are whitened too (non-zero), as in veRL.
   assert abs(float(adv[0, 5])) > 0.1
 
 
 def test_gae_defaults_give_return_minus_value():
   # γ = λ = 1 and one terminal reward R: raw advantage of each valid token = R − V_t.
-  r = np.zeros((2, 5)); r[0, 3] = 2.0; r[1, 4] = -1.0
+  r = np.zeros((2, 5))
+  r[0, 3] = 2.0
+  r[1, 4] = -1.0
   v = np.random.RandomState(0).randn(2, 5)
   m = np.array([[1, 1, 0, 1, 0], [0, 1, 1, 1, 1]])
   _, ret = algos.compute_gae(jnp.asarray(r), jnp.asarray(v), jnp.asarray(m))
@@ -93,7 +98,8 @@ _gae_jit = jax.jit(algos.compute_gae, static_argnums=(3, 4))
     v=hnp.arrays(np.float32, (3, 7), elements=st.floats(-3, 3, width=32)),
     m=hnp.arrays(np.int32, (3, 7), elements=st.integers(0, 1)),
     gamma=st.sampled_from([1.0, 0.95, 0.5]),
-    lam=st.sampled_from([1.0, 0.9, 0.0]))
+    lam=st.sampled_from([1.0, 0.9, 0.0]),
+)
 def test_gae_matches_reference_on_random_masks(r, v, m, gamma, lam):
   hypothesis.assume(m.sum() >= 2)
   hypothesis.assume(np.var(ref_gae(r, v, m, gamma, lam)[1][m == 1] - v[m == 1]) > 1e-3)
@@ -120,6 +126,7 @@ def test_gae_fully_masked_row_and_whitening_is_batch_global():
 
 # ---------------------------------------------------------------- whitening
 
+
 def test_masked_whiten_unbiased_eps_and_degenerate_counts():
   x = jnp.array([[1.0, 2.0, 100.0], [3.0, 4.0, -7.0]])
   m = jnp.array([[1, 1, 0], [1, 1, 0]])
@@ -131,17 +138,21 @@ def test_masked_whiten_unbiased_eps_and_degenerate_counts():
   one = jnp.zeros_like(m).at[0, 0].set(1)
   assert np.all(np.isnan(algos.masked_whiten(x, one)))
   # All-equal valid values: σ = 0, the 1e-8 inside the rsqrt gives (x − μ)·1e4.
-  np.testing.assert_allclose(algos.masked_whiten(jnp.array([2.0, 2.0, 3.0]), jnp.array([1, 1, 0])),
-                             [0.0, 0.0, 1e4], rtol=1e-4)
+  np.testing.assert_allclose(
+      algos.masked_whiten(jnp.array([2.0, 2.0, 3.0]), jnp.array([1, 1, 0])),
+      [0.0, 0.0, 1e4],
+      rtol=1e-4,
+  )
 
 
 # ---------------------------------------------------------------- GRPO family
+
 
 def test_grpo_hand_worked_singleton_equal_and_dr_grpo():
   scores = jnp.array([1.0, 0.0, 1.0, 0.0, 2.0, 3.0, 3.0])
   ids = jnp.array([7, 7, 7, 7, 2, 5, 5])
   adv = algos.grpo_advantages(scores, ids)
-  sd = np.sqrt(1.0 / 3.0)                     # unbiased std of {1, 0, 1, 0}
+  sd = np.sqrt(1.0 / 3.0)  # unbiased std of {1, 0, 1, 0}
   expect = [0.5 / (sd + 1e-6), -0.5 / (sd + 1e-6)] * 2 + [2.0 / (1.0 + 1e-6), 0.0, 0.0]
   np.testing.assert_allclose(adv, expect, rtol=1e-6)
   dr = algos.grpo_advantages(scores, ids, norm_by_std=False)
@@ -150,14 +161,15 @@ def test_grpo_hand_worked_singleton_equal_and_dr_grpo():
 
 def test_grpo_eps_is_added_to_std_not_variance():
   adv = algos.grpo_advantages(jnp.array([1.0, 1.0001]), jnp.array([0, 0]))
-  np.testing.assert_allclose(adv, [-0.6972, 0.6972], atol=2e-3)   # rl_math §3.2's loop value
+  np.testing.assert_allclose(adv, [-0.6972, 0.6972], atol=2e-3)  # rl_math §3.2's loop value
 
 
 @hypothesis.settings(max_examples=30, deadline=None)
 @hypothesis.given(
     scores=hnp.arrays(np.float32, (8,), elements=st.sampled_from([-1.0, 0.0, 0.5, 1.0, 3.0])),
     ids=hnp.arrays(np.int32, (8,), elements=st.integers(0, 4)),
-    norm=st.booleans())
+    norm=st.booleans(),
+)
 def test_grpo_matches_reference(scores, ids, norm):
   grpo = jax.jit(algos.grpo_advantages, static_argnums=2)
   adv = grpo(jnp.asarray(scores), jnp.asarray(ids), norm)

@@ -2,6 +2,7 @@
 
 Dimensions: B episodes, G group slots.
 """
+
 import hypothesis
 from hypothesis import strategies as st
 import jax
@@ -12,8 +13,9 @@ import pytest
 from ragen_jax import algos
 
 
-def ref_filter(scores, strategy, value, filter_type="largest", include_zero=True,
-               prob_mode="linear", eps=0.01):
+def ref_filter(
+    scores, strategy, value, filter_type="largest", include_zero=True, prob_mode="linear", eps=0.01
+):
   """Returns the set of kept group indices, walking a Python-sorted list."""
   n = len(scores)
   cand = [g for g in range(n) if include_zero or abs(scores[g]) > 1e-10]
@@ -36,7 +38,8 @@ def ref_filter(scores, strategy, value, filter_type="largest", include_zero=True
     if not ranked:
       return set()
     logits = np.array([sign * scores[g] for g in ranked], np.float64)
-    p = np.exp(logits - logits.max()); p /= p.sum()
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
     kept, mass = [], 0.0
     for g, pg in zip(ranked, p):
       kept.append(g)
@@ -45,9 +48,9 @@ def ref_filter(scores, strategy, value, filter_type="largest", include_zero=True
         break
     return set(kept)
   if strategy == "top_k":
-    return set(ranked[:max(1, int(value * n))])
+    return set(ranked[: max(1, int(value * n))])
   if strategy == "top_k_abs":
-    return set(ranked[:int(value)])
+    return set(ranked[: int(value)])
   if not ranked:
     return set()
   if filter_type == "largest":
@@ -79,13 +82,16 @@ def test_top_p_softmax_top_k_min_p_hand_worked():
   assert kept_set(algos.filter_groups(s, "top_p", 0.8, prob_mode="softmax")) == {1, 3}
   # At least one group, even for a tiny p.
   assert kept_set(algos.filter_groups(s, "top_p", 0.01, prob_mode="softmax")) == {1}
-  assert kept_set(algos.filter_groups(s, "top_k", 0.25)) == {1}            # max(1, int(1.0))
-  assert kept_set(algos.filter_groups(s, "top_k", 0.1)) == {1}             # max(1, 0)
+  assert kept_set(algos.filter_groups(s, "top_k", 0.25)) == {1}  # max(1, int(1.0))
+  assert kept_set(algos.filter_groups(s, "top_k", 0.1)) == {1}  # max(1, 0)
   assert kept_set(algos.filter_groups(s, "top_k", 0.5, filter_type="smallest")) == {0, 2}
   assert kept_set(algos.filter_groups(s, "top_k_abs", 3)) == {1, 3, 2}
-  assert kept_set(algos.filter_groups(s, "min_p", 0.5)) == {1, 3}          # s ≥ 1.5
-  assert kept_set(algos.filter_groups(s, "min_p", 0.6, filter_type="smallest",
-                                      include_zero=False)) == {2}          # s ≤ 1/0.6
+  assert kept_set(algos.filter_groups(s, "min_p", 0.5)) == {1, 3}  # s ≥ 1.5
+  assert kept_set(
+      algos.filter_groups(s, "min_p", 0.6, filter_type="smallest", include_zero=False)
+  ) == {
+      2
+  }  # s ≤ 1/0.6
   with pytest.raises(ValueError):
     algos.filter_groups(s, "random", 0.5)
 
@@ -93,13 +99,22 @@ def test_top_p_softmax_top_k_min_p_hand_worked():
 @hypothesis.settings(max_examples=40, deadline=None)
 @hypothesis.given(
     scores=st.lists(st.sampled_from([0.0, 0.25, 0.5, 0.7, 1.0, 1.5, 4.0]), min_size=6, max_size=6),
-    config=st.sampled_from([
-        ("top_p", 0.9, "largest", "linear"), ("top_p", 0.5, "largest", "linear"),
-        ("top_p", 1.0, "largest", "linear"), ("top_p", 0.9, "largest", "softmax"),
-        ("top_p", 0.6, "smallest", "softmax"), ("top_k", 0.25, "largest", "linear"),
-        ("top_k", 0.5, "smallest", "linear"), ("top_k_abs", 2, "largest", "linear"),
-        ("min_p", 0.4, "largest", "linear"), ("min_p", 0.5, "smallest", "linear")]),
-    include_zero=st.booleans())
+    config=st.sampled_from(
+        [
+            ("top_p", 0.9, "largest", "linear"),
+            ("top_p", 0.5, "largest", "linear"),
+            ("top_p", 1.0, "largest", "linear"),
+            ("top_p", 0.9, "largest", "softmax"),
+            ("top_p", 0.6, "smallest", "softmax"),
+            ("top_k", 0.25, "largest", "linear"),
+            ("top_k", 0.5, "smallest", "linear"),
+            ("top_k_abs", 2, "largest", "linear"),
+            ("min_p", 0.4, "largest", "linear"),
+            ("min_p", 0.5, "smallest", "linear"),
+        ]
+    ),
+    include_zero=st.booleans(),
+)
 def test_filter_groups_matches_reference(scores, config, include_zero):
   strategy, value, ftype, mode = config
   if ftype == "smallest" and strategy == "min_p":
@@ -111,8 +126,14 @@ def test_filter_groups_matches_reference(scores, config, include_zero):
     thr = value * sum(cand) - 0.01
     partial = np.cumsum(sorted(cand, reverse=True))
     hypothesis.assume(np.all(np.abs(partial - thr) > 1e-5))
-  got = algos.filter_groups(jnp.asarray(scores), strategy, value, filter_type=ftype,
-                            include_zero=include_zero, prob_mode=mode)
+  got = algos.filter_groups(
+      jnp.asarray(scores),
+      strategy,
+      value,
+      filter_type=ftype,
+      include_zero=include_zero,
+      prob_mode=mode,
+  )
   assert kept_set(got) == ref_filter(scores, strategy, value, ftype, include_zero, mode)
 
 
@@ -120,27 +141,30 @@ def test_episode_keep_mask_ranks_groups_by_unbiased_std():
   # Groups with ids 4 (scores 0, 1, 0, 1), 9 (all 2: std 0), 1 (singleton), 6 (−1, 3).
   scores = jnp.array([0.0, 2.0, 1.0, 2.0, 0.0, 5.0, 1.0, 2.0, -1.0, 3.0])
   ids = jnp.array([4, 9, 4, 9, 4, 1, 4, 9, 6, 6])
-  keep, stats = jax.jit(lambda s, i: algos.episode_keep_mask(
-      s, i, strategy="top_k_abs", value=1))(scores, ids)
-  np.testing.assert_array_equal(keep, ids == 6)              # std(−1, 3) = 2.83 is the largest
+  keep, stats = jax.jit(lambda s, i: algos.episode_keep_mask(s, i, strategy="top_k_abs", value=1))(
+      scores, ids
+  )
+  np.testing.assert_array_equal(keep, ids == 6)  # std(−1, 3) = 2.83 is the largest
   stds = [np.std([0, 1, 0, 1], ddof=1), 0.0, 0.0, np.std([-1, 3], ddof=1)]
   np.testing.assert_allclose(stats["in_group_reward_std"], np.mean(stds), rtol=1e-6)
   np.testing.assert_allclose(stats["filter_kept_ratio"], 0.25)
   keep, _ = algos.episode_keep_mask(scores, ids, metric="reward", strategy="top_k_abs", value=1)
-  np.testing.assert_array_equal(keep, ids == 1)              # singleton mean 5 is the largest
+  np.testing.assert_array_equal(keep, ids == 1)  # singleton mean 5 is the largest
   keep, stats = algos.episode_keep_mask(scores, ids, include_zero=False)
   np.testing.assert_array_equal(keep, (ids == 4) | (ids == 6))
   np.testing.assert_allclose(stats["filter_kept_ratio"], 0.5)
 
 
-_keep_jit = jax.jit(lambda s, i: algos.episode_keep_mask(s, i, strategy="top_p", value=0.6,
-                                                         include_zero=False)[0])
+_keep_jit = jax.jit(
+    lambda s, i: algos.episode_keep_mask(s, i, strategy="top_p", value=0.6, include_zero=False)[0]
+)
 
 
 @hypothesis.settings(max_examples=30, deadline=None)
 @hypothesis.given(
     scores=st.lists(st.sampled_from([0.0, 1.0, 2.0, 5.0]), min_size=8, max_size=8),
-    ids=st.lists(st.integers(0, 3), min_size=8, max_size=8))
+    ids=st.lists(st.integers(0, 3), min_size=8, max_size=8),
+)
 def test_episode_keep_mask_matches_reference_for_arbitrary_group_ids(scores, ids):
   # Groups in order of first appearance; unbiased std, 0 for a singleton.
   order = list(dict.fromkeys(ids))

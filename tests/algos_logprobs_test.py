@@ -2,6 +2,7 @@
 
 Dimensions: B sequences, T positions, D hidden, V vocabulary.
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,8 +30,9 @@ def _inputs(seed=0, b=2, t=5, d=8, v=37):
 def test_chunked_matches_full_softmax_with_ragged_last_chunk():
   h, w, targets = _inputs()
   for chunk, temp in [(8, 1.0), (37, 0.7), (64, 1.3), (5, 1.0)]:
-    logp, ent = algos.chunked_logprobs_entropy(jnp.asarray(h), jnp.asarray(w),
-                                               jnp.asarray(targets), chunk, temp)
+    logp, ent = algos.chunked_logprobs_entropy(
+        jnp.asarray(h), jnp.asarray(w), jnp.asarray(targets), chunk, temp
+    )
     ref_lp, ref_ent = ref_logp_entropy(h, w, targets, temp)
     np.testing.assert_allclose(logp, ref_lp, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(ent, ref_ent, rtol=1e-5, atol=1e-5)
@@ -71,10 +73,12 @@ def test_sequence_logprobs_shift_convention():
 def test_no_full_vocab_tensor_in_compiled_program():
   # With chunk C ≪ V, no intermediate of the compiled forward+backward has B·T·V elements.
   b, t, d, v, c = 2, 16, 8, 4096, 256
-  h = jnp.ones((b, t, d)); w = jnp.ones((d, v)) * 0.01
+  h = jnp.ones((b, t, d))
+  w = jnp.ones((d, v)) * 0.01
   targets = jnp.zeros((b, t), jnp.int32)
-  fn = jax.grad(lambda h, w: jnp.sum(algos.chunked_logprobs_entropy(h, w, targets, c)[0]),
-                argnums=(0, 1))
+  fn = jax.grad(
+      lambda h, w: jnp.sum(algos.chunked_logprobs_entropy(h, w, targets, c)[0]), argnums=(0, 1)
+  )
   hlo = jax.jit(fn).lower(h, w).as_text()
   assert f"{b}x{t}x{v}x" not in hlo and f"{b},{t},{v}]" not in hlo
   assert f"{b},{t},{c}]" in hlo or f"{b}x{t}x{c}x" in hlo

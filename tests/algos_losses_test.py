@@ -2,6 +2,7 @@
 
 Dimensions: B sequences, T token positions.
 """
+
 import hypothesis
 from hypothesis import strategies as st
 import hypothesis.extra.numpy as hnp
@@ -16,6 +17,7 @@ MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-to
 
 
 # ---------------------------------------------------------------- NumPy reference (rl_math.md)
+
 
 def ref_agg(loss, m, mode):
   """verl v0.6.1 agg_loss, row by row."""
@@ -34,7 +36,9 @@ def ref_agg(loss, m, mode):
 
 def ref_policy(logp, old, adv, m, lo, hi, c):
   b, t_len = logp.shape
-  loss = np.zeros((b, t_len)); clip = np.zeros((b, t_len)); low = np.zeros((b, t_len))
+  loss = np.zeros((b, t_len))
+  clip = np.zeros((b, t_len))
+  low = np.zeros((b, t_len))
   lr = np.zeros((b, t_len))
   for i in range(b):
     for t in range(t_len):
@@ -65,6 +69,7 @@ def ref_kl(d, kind):
 
 # ---------------------------------------------------------------- agg_loss
 
+
 def test_agg_loss_hand_worked_with_fully_masked_row():
   loss = jnp.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, np.inf]])
   m = jnp.array([[1, 1, 0], [0, 0, 0], [1, 1, 0]])
@@ -74,7 +79,8 @@ def test_agg_loss_hand_worked_with_fully_masked_row():
   np.testing.assert_allclose(algos.agg_loss(loss, m, "seq-mean-token-mean"), 4.5, rtol=1e-6)
   np.testing.assert_allclose(algos.agg_loss(loss, m, "seq-mean-token-sum-norm"), 6.0, rtol=1e-6)
   np.testing.assert_allclose(
-      algos.agg_loss(loss, m, "seq-mean-token-sum-norm", loss_scale_factor=9.0), 2.0, rtol=1e-6)
+      algos.agg_loss(loss, m, "seq-mean-token-sum-norm", loss_scale_factor=9.0), 2.0, rtol=1e-6
+  )
   # Everything masked: 0, not NaN (the 1e-8 denominators of v0.6.1).
   for mode in MODES:
     assert float(algos.agg_loss(loss, jnp.zeros_like(m), mode)) == 0.0
@@ -89,13 +95,15 @@ _agg_jit = jax.jit(algos.agg_loss, static_argnums=2)
 @hypothesis.given(
     loss=hnp.arrays(np.float32, (4, 6), elements=st.floats(-5, 5, width=32)),
     m=hnp.arrays(np.int32, (4, 6), elements=st.integers(0, 1)),
-    mode=st.sampled_from(MODES))
+    mode=st.sampled_from(MODES),
+)
 def test_agg_loss_matches_reference_on_random_masks(loss, m, mode):
   got = _agg_jit(jnp.asarray(loss), jnp.asarray(m), mode)
   np.testing.assert_allclose(got, ref_agg(loss.astype(np.float64), m, mode), rtol=1e-4, atol=1e-4)
 
 
 # ---------------------------------------------------------------- policy loss
+
 
 def test_policy_loss_case_table_and_clamps():
   # Columns: (A>0, ρ=1.5 → clipped to 1.28), (A<0, ρ=0.5 → clipped to 0.8),
@@ -115,7 +123,7 @@ def test_policy_loss_case_table_and_clamps():
   g = jax.grad(lambda lp: algos.policy_loss(lp, old, adv, m)[0])(logp)
   assert np.all(np.isfinite(g))
   np.testing.assert_allclose(g[0, :4], 0.0, atol=1e-7)
-  np.testing.assert_allclose(g[0, 4], -2.0 * 0.5 / 5, rtol=1e-5)   # −A·ρ/N, unclipped
+  np.testing.assert_allclose(g[0, 4], -2.0 * 0.5 / 5, rtol=1e-5)  # −A·ρ/N, unclipped
 
 
 def test_policy_loss_on_policy_is_plain_policy_gradient():
@@ -131,12 +139,14 @@ def test_policy_loss_on_policy_is_plain_policy_gradient():
     lr=hnp.arrays(np.float32, (3, 5), elements=st.floats(-30, 30, width=32)),
     adv=hnp.arrays(np.float32, (3, 5), elements=st.floats(-2, 2, width=32)),
     m=hnp.arrays(np.int32, (3, 5), elements=st.integers(0, 1)),
-    mode=st.sampled_from(MODES))
+    mode=st.sampled_from(MODES),
+)
 def test_policy_loss_matches_reference(lr, adv, m, mode):
   old = np.full((3, 5), -1.0, np.float32)
   logp = old + lr
-  loss, met = _policy_jit(jnp.asarray(logp), jnp.asarray(old), jnp.asarray(adv), jnp.asarray(m),
-                          mode)
+  loss, met = _policy_jit(
+      jnp.asarray(logp), jnp.asarray(old), jnp.asarray(adv), jnp.asarray(m), mode
+  )
   ref_l, ref_kl_, ref_cf, ref_low = ref_policy(logp.astype(np.float64), old, adv, m, 0.2, 0.28, 3.0)
   np.testing.assert_allclose(loss, ref_agg(ref_l, m, mode), rtol=1e-4, atol=1e-4)
   np.testing.assert_allclose(met["ppo_kl"], ref_kl_, rtol=1e-4, atol=1e-4)
@@ -144,11 +154,13 @@ def test_policy_loss_matches_reference(lr, adv, m, mode):
   np.testing.assert_allclose(met["pg_clipfrac_lower"], ref_low, atol=1e-6)
 
 
-_policy_jit = jax.jit(lambda lp, old, a, m, mode: algos.policy_loss(lp, old, a, m, agg_mode=mode),
-                      static_argnums=4)
+_policy_jit = jax.jit(
+    lambda lp, old, a, m, mode: algos.policy_loss(lp, old, a, m, agg_mode=mode), static_argnums=4
+)
 
 
 # ---------------------------------------------------------------- value loss
+
 
 def test_value_loss_hand_worked():
   v_new = jnp.array([[1.0, 2.0, 0.0, 5.0]])
@@ -161,28 +173,33 @@ def test_value_loss_hand_worked():
   np.testing.assert_allclose(loss, 0.5 * 3.0 / 3.0, rtol=1e-6)
   np.testing.assert_allclose(met["vf_clipfrac"], 0.0, atol=1e-7)
   # Moving away from the target beyond the clip: v̂ = 3 with old 2, R = 0.
-  loss, met = algos.value_loss(jnp.array([[3.0]]), jnp.array([[2.0]]), jnp.array([[0.0]]),
-                               jnp.array([[1]]), 0.5)
-  np.testing.assert_allclose(loss, 0.5 * 9.0, rtol=1e-6)   # max(9, 6.25)
+  loss, met = algos.value_loss(
+      jnp.array([[3.0]]), jnp.array([[2.0]]), jnp.array([[0.0]]), jnp.array([[1]]), 0.5
+  )
+  np.testing.assert_allclose(loss, 0.5 * 9.0, rtol=1e-6)  # max(9, 6.25)
   np.testing.assert_allclose(met["vf_clipfrac"], 0.0, atol=1e-7)
   # Overshooting towards the target: v̂ = -1, old 2, R = 0 → l1 = 1, l2 = 1.5² = 2.25, clipped.
-  loss, met = algos.value_loss(jnp.array([[-1.0]]), jnp.array([[2.0]]), jnp.array([[0.0]]),
-                               jnp.array([[1]]), 0.5)
+  loss, met = algos.value_loss(
+      jnp.array([[-1.0]]), jnp.array([[2.0]]), jnp.array([[0.0]]), jnp.array([[1]]), 0.5
+  )
   np.testing.assert_allclose(loss, 0.5 * 2.25, rtol=1e-6)
   np.testing.assert_allclose(met["vf_clipfrac"], 1.0, rtol=1e-6)
 
 
 # ---------------------------------------------------------------- KL
 
-@pytest.mark.parametrize("kind,alias", [("k1", "kl"), ("abs", "abs"), ("k2", "mse"),
-                                        ("k3", "low_var_kl")])
+
+@pytest.mark.parametrize(
+    "kind,alias", [("k1", "kl"), ("abs", "abs"), ("k2", "mse"), ("k3", "low_var_kl")]
+)
 def test_kl_penalty_matches_reference_including_clamps(kind, alias):
   d = np.array([-30.0, -12.0, -1.0, -0.1, 0.0, 0.3, 2.0, 25.0], np.float32)
   ref_logp = np.full_like(d, -2.0)
   got = algos.kl_penalty(jnp.asarray(ref_logp + d), jnp.asarray(ref_logp), kind)
   np.testing.assert_allclose(got, ref_kl(d.astype(np.float64), kind), rtol=1e-5, atol=1e-5)
-  np.testing.assert_allclose(algos.kl_penalty(jnp.asarray(ref_logp + d), jnp.asarray(ref_logp),
-                                              alias), got)
+  np.testing.assert_allclose(
+      algos.kl_penalty(jnp.asarray(ref_logp + d), jnp.asarray(ref_logp), alias), got
+  )
   if kind == "k3":
     # d = −30 → k = 20 clamped, value e^20 − 21 clamped to 10; d = 25 → k = −20 → 19 + e^−20 → 10.
     assert float(got[0]) == 10.0 and float(got[-1]) == 10.0

@@ -1,4 +1,5 @@
 """Checkpoints: exact round trip of a real TrainState, last-k retention, refusals and mismatches."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,10 +12,19 @@ from ragen_jax import models
 
 @pytest.fixture(scope="module")
 def train_state():
-  config = models.ModelConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_layers=1,
-                              num_heads=2, num_kv_heads=1, head_dim=8, rope_theta=1e4,
-                              rms_norm_eps=1e-6, tie_word_embeddings=True,
-                              max_position_embeddings=64)
+  config = models.ModelConfig(
+      vocab_size=64,
+      hidden_size=16,
+      intermediate_size=32,
+      num_layers=1,
+      num_heads=2,
+      num_kv_heads=1,
+      head_dim=8,
+      rope_theta=1e4,
+      rms_norm_eps=1e-6,
+      tie_word_embeddings=True,
+      max_position_embeddings=64,
+  )
   actor = models.create(config, jax.random.PRNGKey(0))
   cfg = algos.PPOConfig(adv_estimator="gae")
   return config, algos.init_train_state(actor, None, cfg, jax.random.PRNGKey(1))
@@ -39,8 +49,9 @@ def test_round_trip_keeps_last_k_and_metadata(tmp_path, train_state):
   assert type(restored["train"]) is type(state) and int(restored["train"].step) == 3
   _assert_same(restored["train"].actor_params, state.actor_params)
   _assert_same(restored["train"].critic_opt, state.critic_opt)
-  np.testing.assert_array_equal(jax.random.key_data(restored["rng"]),
-                                jax.random.key_data(jax.random.key(3)))
+  np.testing.assert_array_equal(
+      jax.random.key_data(restored["rng"]), jax.random.key_data(jax.random.key(3))
+  )
   older, _ = ckpt.restore(like, step=2)
   assert int(older["train"].step) == 2
   with pytest.raises(FileNotFoundError, match="step 1"):
@@ -52,8 +63,9 @@ def test_round_trip_keeps_last_k_and_metadata(tmp_path, train_state):
   abstract = jax.eval_shape(lambda: like)
   again, _ = fresh.restore(abstract)
   _assert_same(again["train"].actor_params, restored["train"].actor_params)
-  np.testing.assert_array_equal(jax.random.key_data(again["rng"]),
-                                jax.random.key_data(jax.random.key(3)))
+  np.testing.assert_array_equal(
+      jax.random.key_data(again["rng"]), jax.random.key_data(jax.random.key(3))
+  )
   fresh.close()
 
 
@@ -64,7 +76,8 @@ def test_refuses_non_finite_state(tmp_path, train_state):
   params = jax.tree.map(lambda x: x, state.actor_params)
   leaf_path, leaf = jax.tree_util.tree_flatten_with_path(params)[0][0]
   bad = jax.tree_util.tree_map_with_path(
-      lambda p, x: x.at[(0,) * x.ndim].set(jnp.nan) if p == leaf_path else x, params)
+      lambda p, x: x.at[(0,) * x.ndim].set(jnp.nan) if p == leaf_path else x, params
+  )
   with pytest.raises(checkpoints.NonFiniteError, match="NaN or inf"):
     ckpt.save(2, state.replace(actor_params=bad))
   assert ckpt.all_steps() == [1]  # The good checkpoint is untouched.
@@ -75,12 +88,20 @@ def test_mismatched_checkpoint_names_the_entry(tmp_path, train_state):
   ckpt = checkpoints.Checkpointer(tmp_path / "ckpt")
   ckpt.save(5, state)
   wider = models.create(config.replace(hidden_size=32, head_dim=16), jax.random.PRNGKey(0))
-  other = algos.init_train_state(wider, None, algos.PPOConfig(adv_estimator="gae"),
-                                 jax.random.PRNGKey(1))
-  with pytest.raises(ValueError, match=r"does not fit this run: .*\['embedding'\] is "
-                     r"float32\[64, 16\] there but float32\[64, 32\] here"):
+  other = algos.init_train_state(
+      wider, None, algos.PPOConfig(adv_estimator="gae"), jax.random.PRNGKey(1)
+  )
+  with pytest.raises(
+      ValueError,
+      match=r"does not fit this run: .*\['embedding'\] is "
+      r"float32\[64, 16\] there but float32\[64, 32\] here",
+  ):
     ckpt.restore(other)
-  no_critic = algos.init_train_state(models.create(config, jax.random.PRNGKey(0)), None,
-                                     algos.PPOConfig(adv_estimator="grpo"), jax.random.PRNGKey(1))
+  no_critic = algos.init_train_state(
+      models.create(config, jax.random.PRNGKey(0)),
+      None,
+      algos.PPOConfig(adv_estimator="grpo"),
+      jax.random.PRNGKey(1),
+  )
   with pytest.raises(ValueError, match="unexpected entry .*critic"):
     ckpt.restore(no_critic)

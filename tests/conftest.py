@@ -1,4 +1,5 @@
 """Test-wide settings: strict JAX shape rules, reproducible property tests, one compile cache."""
+
 import atexit
 import os
 import shutil
@@ -12,8 +13,7 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 
 # CI replays the same examples every run so a red build is reproducible; locally hypothesis
 # keeps exploring new ones.
-hypothesis.settings.register_profile("ci", derandomize=True, deadline=None,
-                                     print_blob=True)
+hypothesis.settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
 hypothesis.settings.register_profile("dev", deadline=None, print_blob=True)
 hypothesis.settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
@@ -27,8 +27,10 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache_dir
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
-jax.config.update("jax_persistent_cache_min_compile_time_secs",
-                  float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
+jax.config.update(
+    "jax_persistent_cache_min_compile_time_secs",
+    float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]),
+)
 
 
 # The end-to-end files hold most of the suite's time. Collected first (with pytest-xdist's
@@ -41,4 +43,5 @@ def pytest_collection_modifyitems(items):
   def rank(item):
     name = os.path.basename(str(item.fspath))
     return _LONG_FILES.index(name) if name in _LONG_FILES else len(_LONG_FILES)
-  items.sort(key=rank)   # stable: the order within and among the other files is kept
+
+  items.sort(key=rank)  # stable: the order within and among the other files is kept

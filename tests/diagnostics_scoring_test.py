@@ -1,4 +1,5 @@
 """Prefix-cached cross-scoring against full-sequence teacher forcing, and the (x, z) samplers."""
+
 import types
 
 import jax
@@ -13,9 +14,15 @@ from ragen_jax.diagnostics import turns as turns_lib
 
 
 def _model(vocab=97):
-  config = models.get_config("tiny").replace(vocab_size=vocab, num_layers=2, hidden_size=64,
-                                            intermediate_size=128, num_heads=4, num_kv_heads=2,
-                                            head_dim=16)
+  config = models.get_config("tiny").replace(
+      vocab_size=vocab,
+      num_layers=2,
+      hidden_size=64,
+      intermediate_size=128,
+      num_heads=4,
+      num_kv_heads=2,
+      head_dim=16,
+  )
   return models.create(config, jax.random.key(3))
 
 
@@ -52,8 +59,9 @@ def test_temperature_scales_the_scored_distribution():
 
 
 def test_reasoning_text_extraction():
-  assert turns_lib.reasoning_text("<think> push the box </think><answer>Up</answer>") == \
-      "push the box"
+  assert (
+      turns_lib.reasoning_text("<think> push the box </think><answer>Up</answer>") == "push the box"
+  )
   assert turns_lib.reasoning_text("<think></think><answer>Up</answer>") == ""
   assert turns_lib.reasoning_text("<think>never closed <answer>Up</answer>") == ""
   assert turns_lib.reasoning_text("junk \x00\xff") == ""
@@ -61,23 +69,31 @@ def test_reasoning_text_extraction():
 
 
 class _CharTokenizer:
+
   def encode(self, text):
     return [ord(c) % 90 + 1 for c in text]
 
 
 def _fake_results():
   """Two tags; sokoban: 2 groups x 2 episodes, bandit: 1 group x 2; hand-written replies."""
+
   def result(rows, episodes):
     width = max(len(r) for r in rows)
     tokens = np.zeros((len(rows), width), np.int32)
     mask = np.zeros((len(rows), width), np.int32)
     for b, r in enumerate(rows):
-      tokens[b, width - len(r):] = r
-      mask[b, width - len(r):] = 1
+      tokens[b, width - len(r) :] = r
+      mask[b, width - len(r) :] = 1
     zeros = np.zeros_like(tokens)
-    b = batch_lib.RolloutBatch(tokens, mask, zeros, zeros.astype(np.float32),
-                               zeros.astype(np.float32), np.zeros(len(rows), np.int32),
-                               np.zeros(len(rows), np.float32))
+    b = batch_lib.RolloutBatch(
+        tokens,
+        mask,
+        zeros,
+        zeros.astype(np.float32),
+        zeros.astype(np.float32),
+        np.zeros(len(rows), np.int32),
+        np.zeros(len(rows), np.float32),
+    )
     return types.SimpleNamespace(batch=b, episodes=episodes)
 
   def ep(group, replies, starts):
@@ -88,8 +104,10 @@ def _fake_results():
 
   ok, bad = "<think>go up</think><answer>Up</answer>", "<answer>Up</answer>"
   soko_rows = [[1, 2, 3, 9, 9, 4, 5, 9], [1, 2, 3, 8, 8], [6, 7, 3, 9, 4, 5, 6, 9], [6, 7, 3, 8]]
-  soko = result(soko_rows, [ep(0, [ok, ok], [3, 6]), ep(0, [bad], [3]),
-                            ep(1, [ok, bad], [3, 6]), ep(1, [ok], [3])])
+  soko = result(
+      soko_rows,
+      [ep(0, [ok, ok], [3, 6]), ep(0, [bad], [3]), ep(1, [ok, bad], [3, 6]), ep(1, [ok], [3])],
+  )
   bandit = result([[1, 2, 3, 5], [1, 2, 3, 6]], [ep(0, [ok], [3]), ep(0, [bad], [3])])
   return {"sokoban": soko, "bandit": bandit}
 
@@ -98,7 +116,7 @@ def test_collect_turns_and_step_metrics():
   turns = turns_lib.collect_turns(_fake_results(), _CharTokenizer())
   assert len(turns) == 8
   assert [t.episode for t in turns] == [0, 0, 1, 2, 2, 3, 4, 5]
-  assert turns[1].context.tolist() == [1, 2, 3, 9, 9, 4]   # up to the 2nd reply start
+  assert turns[1].context.tolist() == [1, 2, 3, 9, 9, 4]  # up to the 2nd reply start
   assert turns[0].group == ("sokoban", 0) and turns[6].group == ("bandit", 0)
   assert turns[0].reasoning == tuple(_CharTokenizer().encode("go up"))
   m = turns_lib.step_metrics(turns)
@@ -124,7 +142,7 @@ def test_multi_turn_sample_draws_valid_turns_each_its_own_column():
   s = turns_lib.multi_turn_sample(turns, 200, np.random.default_rng(1))
   assert s.num_samples == 200 and s.prompt_index.tolist() == list(range(200))
   lengths = {len(p) for p in s.prompts}
-  assert lengths == {3, 6}   # first turns (3 tokens of context) and episode 0's second turn
+  assert lengths == {3, 6}  # first turns (3 tokens of context) and episode 0's second turn
   # Episodes are drawn uniformly (4 valid ones), so episode 0's 2nd turn is ~1/8 of draws.
   share = np.mean([len(p) == 6 for p in s.prompts])
   assert 0.05 < share < 0.22
@@ -133,8 +151,7 @@ def test_multi_turn_sample_draws_valid_turns_each_its_own_column():
 
 
 def test_samplers_return_none_without_valid_reasoning():
-  turns = [t for t in turns_lib.collect_turns(_fake_results(), _CharTokenizer())
-           if not t.reasoning]
+  turns = [t for t in turns_lib.collect_turns(_fake_results(), _CharTokenizer()) if not t.reasoning]
   assert turns_lib.first_turn_sample(turns, 8, np.random.default_rng(0)) is None
   assert turns_lib.multi_turn_sample(turns, 8, np.random.default_rng(0)) is None
   assert turns_lib.step_metrics(turns)["collapse/valid_thinking_rate"] == 0.0

@@ -1,4 +1,5 @@
 """Bandit payoffs, arm naming and prompt text."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,11 +36,13 @@ def test_payoffs_and_success():
 
 
 def test_configurable_payoffs_and_a_pull_ends_the_episode():
-  env = envs.make("bandit", lo_arm_score=0.3, hi_arm_hiscore=2.0, hi_arm_loscore=-1.0,
-                  hi_arm_hiscore_prob=0.5)
+  env = envs.make(
+      "bandit", lo_arm_score=0.3, hi_arm_hiscore=2.0, hi_arm_loscore=-1.0, hi_arm_hiscore_prob=0.5
+  )
   keys, states = _batch(env, seed=1)
-  _, reward, _, info = jax.device_get(jax.jit(jax.vmap(env.step, in_axes=(0, 0, None)))(
-      keys, states, 1))
+  _, reward, _, info = jax.device_get(
+      jax.jit(jax.vmap(env.step, in_axes=(0, 0, None)))(keys, states, 1)
+  )
   hi = np.asarray(info["success"])
   np.testing.assert_allclose(reward[~hi], 0.3, rtol=1e-6)
   assert set(np.unique(reward[hi]).tolist()) == {-1.0, 2.0}
@@ -61,13 +64,16 @@ def test_splits_names_and_render():
   assert not train & test and len(train) == 24 and len(test) == 16
 
   env = envs.make("bandit")
-  state = bandit.BanditState(jnp.int32(0), jnp.bool_(True), jnp.int32(-1), jnp.float32(0),
-                             jnp.bool_(False))
+  state = bandit.BanditState(
+      jnp.int32(0), jnp.bool_(True), jnp.int32(-1), jnp.float32(0), jnp.bool_(False)
+  )
   assert env.action_names_for(state) == ("Trader", "Teacher")
   text = env.render(state)
-  assert text.startswith("You are playing a bandit game. Goal: Maximize your total reward by "
-                         "choosing which arm to pull. \nGame Rules: \n1. There are 2 arms, "
-                         "named Trader and Teacher\n")
+  assert text.startswith(
+      "You are playing a bandit game. Goal: Maximize your total reward by "
+      "choosing which arm to pull. \nGame Rules: \n1. There are 2 arms, "
+      "named Trader and Teacher\n"
+  )
   assert text.endswith("output like <answer> Trader </answer> or <answer> Teacher </answer>.\n")
   back = env.from_text(text)
   assert int(back.pair) == 0 and bool(back.hi_first)

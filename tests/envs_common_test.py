@@ -1,4 +1,5 @@
 """The contract shared by every environment: make(), determinism, jit/vmap equivalence."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -1,4 +1,5 @@
 """FrozenLake rules, maps, slip statistics and text."""
+
 import collections
 
 import hypothesis
@@ -21,16 +22,23 @@ def _play(text, actions, env=DETERMINISTIC, step=STEP):
   out = []
   for a in actions:
     state, r, d, info = step(jax.random.PRNGKey(0), state, a)
-    out.append((env.render(state), float(r), bool(d), bool(info["success"]),
-                bool(info["action_is_effective"])))
+    out.append(
+        (
+            env.render(state),
+            float(r),
+            bool(d),
+            bool(info["success"]),
+            bool(info["action_is_effective"]),
+        )
+    )
   return out
 
 
 def test_moves_border_goal_and_hole():
   text = "P___\n_O__\n____\n___G"
   out = _play(text, [UP, LEFT, RIGHT, DOWN])
-  assert out[0] == (text, 0.0, False, False, False)   # Up into the border: stays.
-  assert out[1] == (text, 0.0, False, False, False)   # Left into the border: stays.
+  assert out[0] == (text, 0.0, False, False, False)  # Up into the border: stays.
+  assert out[1] == (text, 0.0, False, False, False)  # Left into the border: stays.
   assert out[2] == ("_P__\n_O__\n____\n___G", 0.0, False, False, True)
   assert out[3] == ("____\n_X__\n____\n___G", 0.0, True, False, True)  # Fell in a hole.
   out = _play("____\n____\n___P\n___G", [DOWN, DOWN])
@@ -49,11 +57,14 @@ def test_render_formats():
   state = env.from_text("____\n_O_P\n____\nG___")
   state = state.replace(start_rc=jnp.array([2, 1], jnp.int32))
   assert env.render(state) == "____\n_O_P\n____\nG___"
-  coord = ("Board size: 4 rows x 4 cols (zero-indexed).\nStart: (2, 1)\nGoal: (3, 0)\n"
-           "Player: (1, 3)\nHoles: (1, 1)")
+  coord = (
+      "Board size: 4 rows x 4 cols (zero-indexed).\nStart: (2, 1)\nGoal: (3, 0)\n"
+      "Player: (1, 3)\nHoles: (1, 1)"
+  )
   assert env.render(state, "coord") == coord
-  assert env.render(state, "grid_coord") == "Coordinates: \n" + coord + "\nGrid Map: \n" + \
-      env.render(state)
+  assert env.render(
+      state, "grid_coord"
+  ) == "Coordinates: \n" + coord + "\nGrid Map: \n" + env.render(state)
   with pytest.raises(ValueError, match="one player and one goal"):
     env.from_text("____\n_O__\n____\nG___")
 
@@ -76,8 +87,9 @@ def _path_exists(tiles, start, goal):
 
 def test_random_maps_are_valid_and_varied():
   env = envs.make("frozenlake")
-  states = jax.device_get(jax.jit(jax.vmap(env.reset))(
-      jax.random.split(jax.random.PRNGKey(0), 500)))
+  states = jax.device_get(
+      jax.jit(jax.vmap(env.reset))(jax.random.split(jax.random.PRNGKey(0), 500))
+  )
   starts, goals, holes = set(), set(), []
   for i in range(500):
     tiles = np.asarray(states.tiles_SxS[i])
@@ -110,18 +122,19 @@ def test_slip_frequencies():
 
 
 @hypothesis.settings(max_examples=30, deadline=None)
-@hypothesis.given(seed=st.integers(0, 2**31 - 1),
-                  actions=st.lists(st.integers(0, 3), min_size=12, max_size=12))
+@hypothesis.given(
+    seed=st.integers(0, 2**31 - 1), actions=st.lists(st.integers(0, 3), min_size=12, max_size=12)
+)
 def test_random_play_invariants(seed, actions):
   env = envs.make("frozenlake")
   run = _runner(env)
   tiles, (players, rewards, dones) = jax.device_get(
-      run(jax.random.PRNGKey(seed), jnp.asarray(actions)))
+      run(jax.random.PRNGKey(seed), jnp.asarray(actions))
+  )
   assert ((players >= 0) & (players < 4)).all()
   for t in range(len(actions)):
     tile = tiles[tuple(players[t])]
-    assert rewards[t] == (1.0 if tile == frozenlake.GOAL and (t == 0 or not dones[t - 1])
-                          else 0.0)
+    assert rewards[t] == (1.0 if tile == frozenlake.GOAL and (t == 0 or not dones[t - 1]) else 0.0)
     if tile != frozenlake.FROZEN:
       assert dones[t]
     if t and dones[t - 1]:
@@ -135,13 +148,16 @@ _RUNNERS = {}
 
 def _runner(env):
   if env not in _RUNNERS:
+
     def run(key, actions):
       state = env.reset(key)
 
       def body(s, ka):
         s, r, d, _ = env.step(ka[0], s, ka[1])
         return s, (s.player_rc, r, d)
+
       keys = jax.random.split(jax.random.fold_in(key, 1), actions.shape[0])
       return state.tiles_SxS, jax.lax.scan(body, state, (keys, actions))[1]
+
     _RUNNERS[env] = jax.jit(run)
   return _RUNNERS[env]

@@ -1,4 +1,5 @@
 """Sokoban rules, text, generator and solver, checked against hand-worked cases and a NumPy step."""
+
 import collections
 
 import hypothesis
@@ -85,11 +86,14 @@ def test_max_steps_ends_episode_and_invalid_actions_are_free():
 def test_render_formats_are_ragens():
   state = ENV2.from_text("######\n#_S__#\n#_X__#\n#_√__#\n#____#\n######")
   assert ENV2.render(state) == "######\n#_S__#\n#_X__#\n#_√__#\n#____#\n######"
-  coord = ("Board size: 6 rows x 6 cols (zero-indexed).\nTargets: (1, 2), (3, 2)\n"
-           "Boxes: (2, 2)\nBoxes on target: (3, 2)\nPlayer on target: (1, 2)")
+  coord = (
+      "Board size: 6 rows x 6 cols (zero-indexed).\nTargets: (1, 2), (3, 2)\n"
+      "Boxes: (2, 2)\nBoxes on target: (3, 2)\nPlayer on target: (1, 2)"
+  )
   assert ENV2.render(state, "coord") == coord
-  assert ENV2.render(state, "grid_coord") == ("Coordinates: \n" + coord + "\nGrid Map: \n"
-                                              + ENV2.render(state))
+  assert ENV2.render(state, "grid_coord") == (
+      "Coordinates: \n" + coord + "\nGrid Map: \n" + ENV2.render(state)
+  )
   with pytest.raises(ValueError, match="render format"):
     ENV2.render(state, "ascii")
 
@@ -104,6 +108,7 @@ def test_from_text_errors():
 
 
 # ------------------------------------------------------------ a second, NumPy implementation
+
 
 def _numpy_step(fixed, boxes, player, action):
   """gym-sokoban's push rule written independently, for the property test."""
@@ -130,14 +135,14 @@ def levels():
 
 
 @hypothesis.settings(max_examples=40, deadline=None)
-@hypothesis.given(level=st.integers(0, 15), actions=st.lists(st.integers(0, 3), min_size=24,
-                                                            max_size=24))
+@hypothesis.given(
+    level=st.integers(0, 15), actions=st.lists(st.integers(0, 3), min_size=24, max_size=24)
+)
 def test_random_play_matches_numpy_and_conserves(levels, level, actions):
   env, states, _ = levels
   state = jax.tree.map(lambda x: jnp.asarray(x[level]), states)
   run = _scan_actions(env)
-  final_fixed, (boxes_seq, player_seq) = jax.device_get(
-      run(state, jnp.asarray(actions, jnp.int32)))
+  final_fixed, (boxes_seq, player_seq) = jax.device_get(run(state, jnp.asarray(actions, jnp.int32)))
   fixed = np.asarray(state.fixed_HxW)
   np.testing.assert_array_equal(final_fixed, fixed)  # Walls and targets never move.
   assert (fixed == sokoban.TARGET).sum() == env.num_boxes
@@ -148,7 +153,7 @@ def test_random_play_matches_numpy_and_conserves(levels, level, actions):
     boxes, player = _numpy_step(fixed, boxes, player, a)
     np.testing.assert_array_equal(boxes_seq[t], boxes)
     assert tuple(player_seq[t]) == player
-    assert boxes.sum() == env.num_boxes                      # boxes conserved
+    assert boxes.sum() == env.num_boxes  # boxes conserved
     assert fixed[player] != sokoban.WALL and not boxes[player]  # player on free floor
     assert not (boxes & (fixed == sokoban.WALL)).any()
 
@@ -158,35 +163,40 @@ _SCAN_CACHE = {}
 
 def _scan_actions(env):
   if env not in _SCAN_CACHE:
+
     def run(state, actions):
       def body(s, a):
         s, *_ = env.step(jax.random.PRNGKey(0), s, a)
         return s, (s.boxes_HxW, s.player_rc)
+
       final, seq = jax.lax.scan(body, state, actions)
       return final.fixed_HxW, seq
+
     _SCAN_CACHE[env] = jax.jit(run)
   return _SCAN_CACHE[env]
 
 
 # ------------------------------------------------------------ batching and generation
 
+
 def test_vmap_and_batch_equal_unbatched(levels):
   env, states, reset_batch = levels
   batch = jax.tree.map(jnp.asarray, states)
   actions = jnp.arange(16) % 4
   vs, vr, vd, vi = jax.jit(jax.vmap(env.step, in_axes=(None, 0, 0)))(
-      jax.random.PRNGKey(0), batch, actions)
+      jax.random.PRNGKey(0), batch, actions
+  )
   for i in [0, 5, 15]:
-    s, r, d, info = env.step(jax.random.PRNGKey(0), jax.tree.map(lambda x: x[i], batch),
-                             actions[i])
+    s, r, d, info = env.step(jax.random.PRNGKey(0), jax.tree.map(lambda x: x[i], batch), actions[i])
     assert env.render(s) == env.render(jax.tree.map(lambda x: x[i], vs))
     assert float(r) == float(vr[i]) and bool(d) == bool(vd[i])
   # A key gives the same level in any batch position (retries are keyed per level).
   keys = jax.random.split(jax.random.PRNGKey(7), 16)
   flipped = reset_batch(keys[::-1])
   for i in range(16):
-    assert (env.render(jax.tree.map(lambda x: x[15 - i], flipped))
-            == env.render(jax.tree.map(lambda x: x[i], batch)))
+    assert env.render(jax.tree.map(lambda x: x[15 - i], flipped)) == env.render(
+        jax.tree.map(lambda x: x[i], batch)
+    )
 
 
 def test_generated_6x6_levels_are_solvable_and_ragen_like():

@@ -3,6 +3,7 @@
 Uses the debug variants of the shipped configs (tiny random model, a few short episodes).
 Dimension legend: B episodes.
 """
+
 import collections
 import json
 import os
@@ -37,12 +38,23 @@ def read_lines(path):
 def test_cli_with_a_random_model_writes_one_line_per_trajectory(tmp_path):
   out = tmp_path / "bandit.jsonl"
   proc = subprocess.run(
-      [sys.executable, "-m", "ragen_jax.evaluate", "--config=configs/bandit_ppo.py:debug",
-       "--config.envs.bandit.val_groups=3", "--config.model.warm_start=False", "--config.rollout.val_group_size=2",
-       f"--output={out}"],
-      cwd=ROOT, capture_output=True, text=True, timeout=300)
+      [
+          sys.executable,
+          "-m",
+          "ragen_jax.evaluate",
+          "--config=configs/bandit_ppo.py:debug",
+          "--config.envs.bandit.val_groups=3",
+          "--config.model.warm_start=False",
+          "--config.rollout.val_group_size=2",
+          f"--output={out}",
+      ],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
-  summary = json.loads(proc.stdout[proc.stdout.index("{"):])
+  summary = json.loads(proc.stdout[proc.stdout.index("{") :])
   lines = read_lines(out)
   assert len(lines) == summary["val/num_episodes"] == 3 * 2
   assert [l["seed"] for l in lines] == [123, 123, 124, 124, 125, 125]
@@ -54,7 +66,7 @@ def test_cli_with_a_random_model_writes_one_line_per_trajectory(tmp_path):
 def test_numbers_follow_from_the_trajectories_and_validation_settings(tmp_path):
   config = load_config("frozenlake")
   with config.unlocked():
-    config.envs.frozenlake.val_groups = 3   # two batches: 2 groups, then 1
+    config.envs.frozenlake.val_groups = 3  # two batches: 2 groups, then 1
     config.rollout.val_batch_groups = 2
     config.rollout.val_group_size = 2
   exp = experiment.from_config(config)
@@ -71,7 +83,9 @@ def test_numbers_follow_from_the_trajectories_and_validation_settings(tmp_path):
   by_group = collections.defaultdict(list)
   for l in lines:
     by_group[l["seed"]].append(l["success"])
-  assert summary["val/frozenlake/pass@2"] == pytest.approx(np.mean([any(v) for v in by_group.values()]))
+  assert summary["val/frozenlake/pass@2"] == pytest.approx(
+      np.mean([any(v) for v in by_group.values()])
+  )
   # Random weights write junk: each played turn costs the format penalty and nothing else.
   turns = np.array([l["turns"] for l in lines])
   np.testing.assert_allclose(rewards, -0.1 * turns, atol=1e-6)
@@ -85,8 +99,9 @@ def test_hugging_face_checkpoint_evaluates_like_the_same_weights_in_memory(tmp_p
   config = load_config("frozenlake")
   model = models.create(config.model.preset, jax.random.key(config.seed.init))
   models.save_hf(model, str(tmp_path / "ckpt"))
-  from_dir = evaluate.evaluate(config, checkpoint=str(tmp_path / "ckpt"),
-                               output=str(tmp_path / "a.jsonl"))
+  from_dir = evaluate.evaluate(
+      config, checkpoint=str(tmp_path / "ckpt"), output=str(tmp_path / "a.jsonl")
+  )
   in_memory = evaluate.evaluate(config, output=str(tmp_path / "b.jsonl"))
   assert from_dir == in_memory
   assert read_lines(tmp_path / "a.jsonl") == read_lines(tmp_path / "b.jsonl")

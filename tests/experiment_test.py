@@ -1,4 +1,5 @@
 """Configs: every shipped file validates, overrides and typos, and clear errors for bad values."""
+
 import glob
 import os
 import subprocess
@@ -21,15 +22,24 @@ def load(name, variant=None):
 
 def test_the_issue_lists_configs_exist():
   names = {os.path.basename(p)[:-3] for p in CONFIGS}
-  assert names >= {"sokoban_ppo", "sokoban_grpo", "frozenlake_ppo", "frozenlake_grpo",
-                   "bandit_ppo", "bandit_grpo", "sokoban_starpo_s", "sokoban_sft"}
+  assert names >= {
+      "sokoban_ppo",
+      "sokoban_grpo",
+      "frozenlake_ppo",
+      "frozenlake_grpo",
+      "bandit_ppo",
+      "bandit_grpo",
+      "sokoban_starpo_s",
+      "sokoban_sft",
+  }
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
 @pytest.mark.parametrize("variant", [None, "smoke"])
 def test_every_config_validates(path, variant):
-  exp = experiment.from_config(launch_utils.load_config_file(
-      path + (f":{variant}" if variant else "")))
+  exp = experiment.from_config(
+      launch_utils.load_config_file(path + (f":{variant}" if variant else ""))
+  )
   assert exp.train_episodes % exp.ppo.num_minibatches == 0
   assert all(e.train_groups >= 1 for e in exp.envs)
 
@@ -55,19 +65,22 @@ def test_unknown_variant_is_named():
     load("sokoban_ppo", "smok")
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("envs.sokoban.name", "sokobn", "not an environment; valid"),
-    ("envs.sokoban.render_format", "pixels", "render_format"),
-    ("envs.sokoban.sft_batches", 0, "envs.sokoban.sft_batches must be an integer >= 1"),
-    ("ppo.num_minibatches", 5, "not divisible by num_minibatches"),
-    ("ppo.adv_estimator", "ppo", "adv_estimator must be one of"),
-    ("ppo.clip_low", 1.5, "clip_low"),
-    ("rollout.max_context", 10, "max_context must exceed"),
-    ("sft.random_prob", 2.0, "random_prob"),
-    ("model.preset", "huge", "model.preset 'huge' is unknown"),
-    ("model.dtype", "int8", "model.dtype"),
-    ("sft.undo_prob", -0.5, "undo_prob"),
-])
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("envs.sokoban.name", "sokobn", "not an environment; valid"),
+        ("envs.sokoban.render_format", "pixels", "render_format"),
+        ("envs.sokoban.sft_batches", 0, "envs.sokoban.sft_batches must be an integer >= 1"),
+        ("ppo.num_minibatches", 5, "not divisible by num_minibatches"),
+        ("ppo.adv_estimator", "ppo", "adv_estimator must be one of"),
+        ("ppo.clip_low", 1.5, "clip_low"),
+        ("rollout.max_context", 10, "max_context must exceed"),
+        ("sft.random_prob", 2.0, "random_prob"),
+        ("model.preset", "huge", "model.preset 'huge' is unknown"),
+        ("model.dtype", "int8", "model.dtype"),
+        ("sft.undo_prob", -0.5, "undo_prob"),
+    ],
+)
 def test_bad_values_raise_clear_errors(key, value, message):
   config = load("sokoban_ppo")
   section, _, name = key.rpartition(".")
@@ -91,7 +104,7 @@ def test_unknown_env_option_is_named():
 def test_sokoban_rewards_are_config_knobs_reaching_the_env():
   config = load("sokoban_ppo")
   assert experiment.from_config(config).envs[0].make().step_reward == pytest.approx(-0.1)
-  config.envs.sokoban.options.step_reward = 0      # an int override, as from the command line
+  config.envs.sokoban.options.step_reward = 0  # an int override, as from the command line
   config.envs.sokoban.options.solved_reward = 5.0
   env = experiment.from_config(config).envs[0].make()
   assert (env.step_reward, env.box_on_target_reward, env.solved_reward) == (0.0, 1.0, 5.0)
@@ -100,7 +113,9 @@ def test_sokoban_rewards_are_config_knobs_reaching_the_env():
 def test_override_typos_name_the_valid_keys():
   config = load("sokoban_ppo")
   config_sections.check_overrides(config, ["--config.rollout.group_size=4", "--workdir=x"])
-  with pytest.raises(ValueError, match=r"rollout has no 'group_sze'; valid keys there: .*group_size"):
+  with pytest.raises(
+      ValueError, match=r"rollout has no 'group_sze'; valid keys there: .*group_size"
+  ):
     config_sections.check_overrides(config, ["--config.rollout.group_sze=4"])
   with pytest.raises(ValueError, match=r"the config has no 'rollot'"):
     config_sections.check_overrides(config, ["--config.rollot.group_size=4"])
@@ -108,29 +123,119 @@ def test_override_typos_name_the_valid_keys():
 
 def test_launch_rejects_a_typo_before_doing_anything(tmp_path):
   proc = subprocess.run(
-      [sys.executable, "launch.py", "--config=configs/sokoban_ppo.py:smoke",
-       "--config.trainer.total_step=3", f"--workdir={tmp_path / 'w'}"],
-      cwd=ROOT, capture_output=True, text=True, timeout=120)
+      [
+          sys.executable,
+          "launch.py",
+          "--config=configs/sokoban_ppo.py:smoke",
+          "--config.trainer.total_step=3",
+          f"--workdir={tmp_path / 'w'}",
+      ],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=120,
+  )
   assert proc.returncode == 2
   assert "trainer has no 'total_step'" in proc.stderr and "total_steps" in proc.stderr
   assert not (tmp_path / "w").exists()
 
 
 def test_a_run_saved_before_keys_were_added_still_opens(tmp_path):
-  """A stored config lacking the keys in restore.ADDED_KEYS gets the values older runs had."""
+  """A stored config lacking keys (and a whole section) added since gets today's defaults."""
   import json  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from ragen_jax import checkpoints  # pylint: disable=g-import-not-at-top
   from ragen_jax.train import restore  # pylint: disable=g-import-not-at-top
+
   stored = json.loads(load("sokoban_ppo").to_json())
-  for section, key in (("rollout", "unchanged_penalty"), ("ppo", "positive_advantages_only"),
-                       ("sft", "undo_prob")):
+  for section, key in (
+      ("rollout", "unchanged_penalty"),
+      ("ppo", "positive_advantages_only"),
+      ("sft", "undo_prob"),
+  ):
     del stored[section][key]
+  del (
+      stored["envs"]["sokoban"]["sft_batches"],
+      stored["envs"]["sokoban"]["options"]["num_candidates"],
+  )
+  del stored["early_stop"]
+  stored["ppo"]["actor_lr"] = 3e-4  # a stored value wins over today's
   ckpt = checkpoints.Checkpointer(str(tmp_path / "checkpoints"))
   ckpt.save(3, {"x": np.zeros(2, np.float32)}, {"config": json.dumps(stored)})
   ckpt.close()
   config, _, step = restore.run_config(str(tmp_path))
   assert step is None
   exp = experiment.from_config(config)
-  assert exp.sft.undo_prob == 0.0
+  assert exp.sft.undo_prob == 0.0 and exp.envs[0].sft_batches == 1
   assert not exp.ppo.positive_advantages_only and exp.rollout.unchanged_penalty == 0.0
+  assert exp.early_stop.reward_std_collapse == "stop" and exp.ppo.actor_lr == 3e-4
+  assert exp.envs[0].make().num_candidates == 4 and exp.envs[0].make().dim_room == (6, 6)
+  assert exp.rollout.group_size == 8 and exp.rollout.max_new_tokens == 48  # the run's, not RAGEN's
+
+
+def test_a_stored_key_that_no_longer_exists_is_named(tmp_path):
+  from ragen_jax.train import restore  # pylint: disable=g-import-not-at-top
+  import json  # pylint: disable=g-import-not-at-top
+
+  stored = json.loads(load("sokoban_ppo").to_json())
+  stored["ppo"]["retired_knob"] = 1
+  with pytest.raises(ValueError, match="retired_knob"):
+    experiment.from_config(restore.stored_config(stored))
+
+
+@pytest.mark.parametrize("name, cls_exclude", list(experiment.SECTIONS.items()))
+def test_each_section_is_its_dataclass(name, cls_exclude):
+  """Every field is a key and back: the dataclass is the one declaration of a knob."""
+  cls, exclude = cls_exclude
+  config = config_sections.experiment(
+      None, envs={"sokoban": config_sections.env("sokoban")}, cpu_scale=False
+  )
+  assert set(config[name].keys()) == set(experiment.section_keys(cls, exclude))
+  exp = experiment.from_config(config)
+  defaults = cls(**({"temperature": exp.rollout.temperature} if name == "ppo" else {}))
+  assert getattr(exp, name) == defaults
+
+
+def test_env_section_options_are_the_environment_fields():
+  from ragen_jax import envs  # pylint: disable=g-import-not-at-top
+
+  section = config_sections.env("frozenlake", options=dict(size=6))
+  assert set(section.options.keys()) == {
+      "size",
+      "p",
+      "success_rate",
+      "is_slippery",
+      "max_steps",
+      "num_candidates",
+  }
+  spec = experiment.from_config(
+      config_sections.experiment(None, envs={"lake": section}, cpu_scale=False)
+  ).envs[0]
+  assert spec.make() == envs.make("frozenlake", size=6) and spec.tag == "lake"
+  with pytest.raises(ValueError, match=r"envs\(frozenlake\).options.sise"):
+    config_sections.env("frozenlake", options=dict(sise=6))
+
+
+def test_variants_compose():
+  named = load("sokoban_ppo", "qwen2.5-3b-h100")
+  keyed = load("sokoban_ppo", "hw=h100,model=qwen2.5-3b")
+  assert named.to_json() == keyed.to_json()
+  assert named.model.preset == "qwen2.5-3b" and named.model.remat and named.ppo.critic == "shared"
+  both = load("sokoban_ppo", "model=qwen2.5-0.5b,smoke")
+  assert both.model.preset == "qwen2.5-0.5b" and both.model.dtype == "bfloat16"
+  assert both.rollout.max_new_tokens == 24 and both.trainer.total_steps == 4  # smoke last
+  assert load("sokoban_ppo", "smoke").to_json() == load("sokoban_ppo", "debug").to_json()
+
+
+@pytest.mark.parametrize(
+    "arg, message",
+    [
+        ("model=qwen9", "unknown or repeated config variant 'model=qwen9'"),
+        ("hw=h100", "hw= sizes a real model"),
+        ("smoke,smoke", "repeated"),
+        ("size=big", "model=.*hw=.*joined by commas"),
+    ],
+)
+def test_bad_variants_are_named(arg, message):
+  with pytest.raises(ValueError, match=message):
+    load("sokoban_ppo", arg)

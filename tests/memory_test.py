@@ -1,4 +1,5 @@
 """The memory estimate against the models' own parameter arrays and hand-worked terms."""
+
 import json
 import math
 
@@ -14,8 +15,9 @@ from ragen_jax.train import memory
 
 
 def _layout(data=1, fsdp=1, tensor=1):
-  return sharding.Sharder(sharding.MeshSpec(data=data, fsdp=fsdp, tensor=tensor),
-                          num_devices=data * fsdp * tensor)
+  return sharding.Sharder(
+      sharding.MeshSpec(data=data, fsdp=fsdp, tensor=tensor), num_devices=data * fsdp * tensor
+  )
 
 
 def _shard_elements(config, sharder):
@@ -44,8 +46,8 @@ def test_terms_by_hand_for_the_smoke_config():
   est = memory.estimate(exp, c, _layout())
   n = models.num_params(c)
   assert est["params"] == 4 * n and est["optimizer"] == 12 * n
-  assert est["critic"] == 16 * n          # GAE with a separate critic: params + moments + grad
-  assert est["reference"] == 0            # no KL loss
+  assert est["critic"] == 16 * n  # GAE with a separate critic: params + moments + grad
+  assert est["reference"] == 0  # no KL loss
   # Cache: L=4 layers x B=4 episodes x (768 + 256) slots x K=2 x Dh=32, k and v, float32.
   assert est["kv_cache"] == 4 * 4 * 1024 * 2 * 32 * 2 * 4
   assert est["total"] == pytest.approx(sum(v for k, v in est.items() if k != "total"))
@@ -56,14 +58,15 @@ def test_terms_by_hand_for_the_smoke_config():
   assert "likely out of memory" in line and "(95%)" in line
 
 
-@pytest.mark.parametrize("variant", [v for v in config_sections.VARIANTS
-                                     if v.endswith(tuple(config_sections.HARDWARE))])
+@pytest.mark.parametrize(
+    "variant", [v for v in config_sections.VARIANTS if v.endswith(tuple(config_sections.HARDWARE))]
+)
 @pytest.mark.parametrize("config_file", ["sokoban_ppo", "frozenlake_ppo", "bandit_grpo"])
 def test_accelerator_variants_fit_their_card(variant, config_file, tmp_path):
   preset, hardware = variant.rsplit("-", 1)
   card = config_sections.HARDWARE[hardware]
   model_config = models.get_config(preset)
-  with open(tmp_path / "config.json", "w") as fp:     # a checkpoint directory's config only
+  with open(tmp_path / "config.json", "w") as fp:  # a checkpoint directory's config only
     json.dump(model_config.to_hf_dict(), fp)
   config = launch_utils.load_config_file(f"configs/{config_file}.py:{variant}")
   with config.unlocked():

@@ -4,6 +4,7 @@ The reference for cached decoding is the same model's full forward pass, whose
 own parity with transformers is tested in models_qwen2_test.py. Dimension
 legend: B batch, T length, S cache capacity, D model dim, V vocab.
 """
+
 from flax import nnx
 import jax
 import jax.numpy as jnp
@@ -12,10 +13,16 @@ import pytest
 
 from ragen_jax import models
 
-
 CONFIG = models.ModelConfig(
-    vocab_size=61, hidden_size=32, intermediate_size=64, num_layers=2,
-    num_heads=4, num_kv_heads=2, rope_theta=1e4, tie_word_embeddings=False)
+    vocab_size=61,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    rope_theta=1e4,
+    tie_word_embeddings=False,
+)
 
 
 def random_model(config=CONFIG, seed=0):
@@ -24,8 +31,7 @@ def random_model(config=CONFIG, seed=0):
   graphdef, state = nnx.split(model)
   leaves, treedef = jax.tree.flatten(state)
   keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
-  leaves = [x + 0.2 * jax.random.normal(k, x.shape, x.dtype)
-            for k, x in zip(keys, leaves)]
+  leaves = [x + 0.2 * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)]
   return nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
 
 
@@ -33,7 +39,7 @@ def prompts(rng, lengths, total, vocab):
   ids = rng.integers(0, vocab, size=(len(lengths), total)).astype(np.int32)
   mask = np.zeros_like(ids)
   for row, n in enumerate(lengths):
-    mask[row, total - n:] = 1
+    mask[row, total - n :] = 1
   return ids, mask
 
 
@@ -57,7 +63,7 @@ def test_cached_decoding_matches_full_forward(chunk):
   logits, cache = step(state, ids, mask, cache)
   outs = [np.asarray(logits)]
   for start in range(0, new_tokens, chunk):
-    piece = cont[:, start:start + chunk]
+    piece = cont[:, start : start + chunk]
     logits, cache = step(state, piece, np.ones_like(piece), cache)
     outs.append(np.asarray(logits))
   cached = np.concatenate(outs, axis=1)
@@ -77,8 +83,9 @@ def test_padding_step_inside_the_cache_is_skipped():
   _, cache = model(np.array([[3]], np.int32), np.array([[0]]), cache=cache)
   logits, _ = model(np.array([[11]], np.int32), cache=cache)
   reference = model(np.array([[5, 7, 9, 11]], np.int32))
-  np.testing.assert_allclose(np.asarray(logits[0, -1]),
-                             np.asarray(reference[0, -1]), atol=1e-5, rtol=0)
+  np.testing.assert_allclose(
+      np.asarray(logits[0, -1]), np.asarray(reference[0, -1]), atol=1e-5, rtol=0
+  )
 
 
 def test_cache_rejects_more_tokens_than_capacity():
@@ -93,11 +100,13 @@ def test_backbone_and_unembed_give_the_logits():
   ids = np.array([[1, 2, 3, 4]], np.int32)
   hidden, cache = model.backbone(ids)
   assert cache is None and hidden.shape == (1, 4, CONFIG.hidden_size)
-  np.testing.assert_allclose(np.asarray(hidden @ model.unembed_kernel()),
-                             np.asarray(model(ids)), atol=1e-5, rtol=0)
+  np.testing.assert_allclose(
+      np.asarray(hidden @ model.unembed_kernel()), np.asarray(model(ids)), atol=1e-5, rtol=0
+  )
   tied = models.create(CONFIG.replace(tie_word_embeddings=True), jax.random.key(0))
-  np.testing.assert_array_equal(np.asarray(tied.unembed_kernel()),
-                                np.asarray(tied.decoder.embedding[...]).T)
+  np.testing.assert_array_equal(
+      np.asarray(tied.unembed_kernel()), np.asarray(tied.decoder.embedding[...]).T
+  )
 
 
 def test_critic_from_policy_copies_the_backbone():
@@ -112,11 +121,14 @@ def test_critic_from_policy_copies_the_backbone():
   critic.value_kernel.set_value(w)
   critic.value_bias.set_value(jnp.asarray(0.5))
   hidden, _ = policy.backbone(ids, mask)
-  np.testing.assert_allclose(np.asarray(critic(ids, mask)),
-                             np.asarray(hidden @ w + 0.5), atol=1e-5, rtol=0)
+  np.testing.assert_allclose(
+      np.asarray(critic(ids, mask)), np.asarray(hidden @ w + 0.5), atol=1e-5, rtol=0
+  )
   # Real copies: the policy's buffers can be donated without hurting the critic.
-  assert (critic.decoder.embedding[...].unsafe_buffer_pointer()
-          != policy.decoder.embedding[...].unsafe_buffer_pointer())
+  assert (
+      critic.decoder.embedding[...].unsafe_buffer_pointer()
+      != policy.decoder.embedding[...].unsafe_buffer_pointer()
+  )
 
 
 def test_functional_train_step_updates_critic_and_policy():
@@ -130,6 +142,7 @@ def test_functional_train_step_updates_critic_and_policy():
   def loss_and_grad(params):
     def loss(params):
       return jnp.mean((nnx.merge(graphdef, params)(ids) - targets) ** 2)
+
     return jax.value_and_grad(loss)(params)
 
   value, grads = loss_and_grad(params)

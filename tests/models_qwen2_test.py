@@ -5,6 +5,7 @@ Random Qwen2ForCausalLM models are built with transformers, every tensor
 shows up, then the logits of both implementations are compared on batches
 with left padding. Dimension legend: B batch, T length, V vocab.
 """
+
 import json
 import os
 
@@ -27,27 +28,51 @@ VOCAB = 97
 # 8/16/24 (one not equal to hidden // heads), rope theta 1e4 and 1e6.
 HF_CONFIGS = {
     "tied_gqa2_dh16_theta1e4": dict(
-        hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=96, tie_word_embeddings=True, rope_theta=1e4),
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        tie_word_embeddings=True,
+        rope_theta=1e4,
+    ),
     "untied_mqa_dh8_theta1e6": dict(
-        hidden_size=32, num_attention_heads=4, num_key_value_heads=1,
-        intermediate_size=80, tie_word_embeddings=False, rope_theta=1e6),
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        intermediate_size=80,
+        tie_word_embeddings=False,
+        rope_theta=1e6,
+    ),
     "untied_mha_dh16_theta1e6": dict(
-        hidden_size=48, num_attention_heads=3, num_key_value_heads=3,
-        intermediate_size=64, tie_word_embeddings=False, rope_theta=1e6),
+        hidden_size=48,
+        num_attention_heads=3,
+        num_key_value_heads=3,
+        intermediate_size=64,
+        tie_word_embeddings=False,
+        rope_theta=1e6,
+    ),
     "tied_gqa4_headdim24_theta1e6": dict(
-        hidden_size=40, num_attention_heads=8, num_key_value_heads=2,
-        head_dim=24, intermediate_size=72, tie_word_embeddings=True,
-        rope_theta=1e6),
+        hidden_size=40,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=24,
+        intermediate_size=72,
+        tie_word_embeddings=True,
+        rope_theta=1e6,
+    ),
 }
 
 
 def make_hf_model(seed, *, rope_theta, **kwargs):
   """A float32 Qwen2ForCausalLM with every parameter randomised."""
   config = transformers.Qwen2Config(
-      vocab_size=VOCAB, num_hidden_layers=2, rms_norm_eps=1e-6,
+      vocab_size=VOCAB,
+      num_hidden_layers=2,
+      rms_norm_eps=1e-6,
       rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
-      attn_implementation="eager", **kwargs)
+      attn_implementation="eager",
+      **kwargs,
+  )
   model = transformers.Qwen2ForCausalLM(config).eval()
   gen = torch.Generator().manual_seed(seed)
   with torch.no_grad():
@@ -66,8 +91,7 @@ def hf_logits(model, ids_BxT, mask_BxT=None):
   kwargs = {}
   if mask_BxT is not None:
     mask = torch.tensor(np.asarray(mask_BxT), dtype=torch.long)
-    kwargs = dict(attention_mask=mask,
-                  position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
+    kwargs = dict(attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
   with torch.no_grad():
     return model(input_ids=ids, **kwargs).logits.numpy()
 
@@ -76,7 +100,7 @@ def left_padded_batch(rng, lengths, total):
   ids = rng.integers(0, VOCAB, size=(len(lengths), total)).astype(np.int32)
   mask = np.zeros_like(ids)
   for row, n in enumerate(lengths):
-    mask[row, total - n:] = 1
+    mask[row, total - n :] = 1
   return ids, mask
 
 
@@ -97,8 +121,8 @@ def test_load_hf_logits_match_transformers(tmp_path, name):
   assert np.max(np.abs(ours[real] - ref[real])) <= 1e-4
   # Independent of any padding convention: each row alone, unpadded.
   for row, n in enumerate(lengths):
-    alone = hf_logits(hf, ids[row:row + 1, total - n:])[0]
-    np.testing.assert_allclose(ours[row, total - n:], alone, atol=1e-4, rtol=0)
+    alone = hf_logits(hf, ids[row : row + 1, total - n :])[0]
+    np.testing.assert_allclose(ours[row, total - n :], alone, atol=1e-4, rtol=0)
 
 
 def test_long_sequences_cross_attention_blocks_like_transformers(tmp_path):
@@ -130,14 +154,22 @@ def randomise(model, seed):
 @pytest.mark.parametrize("tied", [True, False])
 def test_save_hf_loads_in_transformers_with_same_logits(tmp_path, tied):
   config = models.ModelConfig(
-      vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_layers=2,
-      num_heads=4, num_kv_heads=2, rope_theta=1e4, tie_word_embeddings=tied)
+      vocab_size=VOCAB,
+      hidden_size=32,
+      intermediate_size=48,
+      num_layers=2,
+      num_heads=4,
+      num_kv_heads=2,
+      rope_theta=1e4,
+      tie_word_embeddings=tied,
+  )
   model = randomise(models.create(config, jax.random.key(0)), seed=1)
   # A small shard limit forces the sharded layout (index json) on the way.
   models.save_hf(model, str(tmp_path), max_shard_bytes=20_000)
   assert os.path.exists(tmp_path / "model.safetensors.index.json")
   hf = transformers.Qwen2ForCausalLM.from_pretrained(
-      str(tmp_path), attn_implementation="eager").eval()
+      str(tmp_path), attn_implementation="eager"
+  ).eval()
   assert hf.config.tie_word_embeddings == tied
 
   ids, mask = left_padded_batch(np.random.default_rng(2), [7, 3], 7)
@@ -175,7 +207,8 @@ def test_bfloat16_checkpoint_file_loads_exactly(tmp_path):
   # Reference: transformers reads the same file into float32 (a fresh model,
   # so its RoPE frequencies are not the bf16-cast buffer of `hf`).
   hf = transformers.Qwen2ForCausalLM.from_pretrained(
-      str(tmp_path), dtype=torch.float32, attn_implementation="eager").eval()
+      str(tmp_path), dtype=torch.float32, attn_implementation="eager"
+  ).eval()
   model = models.load_hf(str(tmp_path), dtype=jnp.float32)
   assert model.decoder.layers.q_kernel[...].dtype == jnp.float32
   ids, mask = left_padded_batch(np.random.default_rng(5), [6, 2], 6)
@@ -209,8 +242,9 @@ def test_missing_and_unexpected_tensors_are_errors(tmp_path):
     models.load_hf(str(tmp_path))
 
 
-@pytest.mark.parametrize("name", ["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b",
-                                  "qwen2.5-7b", "tiny", "small"])
+@pytest.mark.parametrize(
+    "name", ["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "tiny", "small"]
+)
 def test_presets_have_the_parameter_count_transformers_builds(name):
   config = models.get_config(name)
   hf_config = transformers.Qwen2Config(**config.to_hf_dict())
@@ -225,13 +259,16 @@ def test_presets_have_the_parameter_count_transformers_builds(name):
 
 def test_published_qwen25_sizes():
   # (total, non-embedding) in billions, from the Qwen2.5 model cards.
-  expected = {"qwen2.5-0.5b": (0.49, 0.36), "qwen2.5-1.5b": (1.54, 1.31),
-              "qwen2.5-3b": (3.09, 2.77), "qwen2.5-7b": (7.61, 6.53)}
+  expected = {
+      "qwen2.5-0.5b": (0.49, 0.36),
+      "qwen2.5-1.5b": (1.54, 1.31),
+      "qwen2.5-3b": (3.09, 2.77),
+      "qwen2.5-7b": (7.61, 6.53),
+  }
   for name, (total, non_embedding) in expected.items():
     config = models.get_config(name)
     n = models.num_params(config)
-    embed = config.vocab_size * config.hidden_size * (
-        1 if config.tie_word_embeddings else 2)
+    embed = config.vocab_size * config.hidden_size * (1 if config.tie_word_embeddings else 2)
     assert abs(n / 1e9 - total) < 0.006, name
     assert abs((n - embed) / 1e9 - non_embedding) < 0.006, name
 
@@ -240,8 +277,7 @@ def test_config_round_trip_and_validation():
   config = models.get_config("qwen2.5-7b")
   assert models.ModelConfig.from_hf_dict(config.to_hf_dict()) == config
   # transformers v4 layout: rope_theta at the top level, no head_dim.
-  v4 = {k: v for k, v in config.to_hf_dict().items()
-        if k not in ("rope_parameters", "head_dim")}
+  v4 = {k: v for k, v in config.to_hf_dict().items() if k not in ("rope_parameters", "head_dim")}
   assert models.ModelConfig.from_hf_dict(v4) == config
   with pytest.raises(ValueError, match="not divisible by num_kv_heads"):
     config.replace(num_kv_heads=5)
@@ -249,4 +285,5 @@ def test_config_round_trip_and_validation():
     models.get_config("qwen-0.5b")
   with pytest.raises(ValueError, match="rope_type"):
     models.ModelConfig.from_hf_dict(
-        {**config.to_hf_dict(), "rope_parameters": {"rope_type": "yarn"}})
+        {**config.to_hf_dict(), "rope_parameters": {"rope_type": "yarn"}}
+    )

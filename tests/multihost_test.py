@@ -17,6 +17,7 @@ About 3 minutes on 2 cores. A second, seconds-long 2-process test checks the hel
 ragen_jax.distributed one by one (row ranges, global arrays from local rows and back, an array
 not split by rows, gathering objects, agreement, keys placed across processes).
 """
+
 import glob
 import json
 import os
@@ -33,8 +34,14 @@ from ragen_jax import logging_utils
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Collapse diagnostics at step 1 only (compute_freq=3): one compilation fewer per launch.
-SMOKE = ["launch.py", "--config=configs/sokoban_ppo.py:smoke", "--config.mesh.data=1",
-         "--config.mesh.fsdp=2", "--config.mesh.tensor=2", "--config.diagnostics.compute_freq=3"]
+SMOKE = [
+    "launch.py",
+    "--config=configs/sokoban_ppo.py:smoke",
+    "--config.mesh.data=1",
+    "--config.mesh.fsdp=2",
+    "--config.mesh.tensor=2",
+    "--config.diagnostics.compute_freq=3",
+]
 # Float reductions (the probability gap is round-off itself, so only its absolute size is
 # compared); everything else (counts, successes, lengths, rewards) must be identical.
 _TOLERANT = ("actor/", "critic/", "collapse/", "training/rollout_probs_diff")
@@ -45,11 +52,14 @@ _TIMEOUT_S = 300
 def _env(devices: int):
   # No cluster variables (they would make the processes guess a cluster), but the test
   # session's compilation cache (conftest.py) is kept.
-  cluster = lambda k: (k.startswith(("SLURM_", "OMPI_", "TPU_", "MEGASCALE_", "JAX_"))
-                       and not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE")))
+  cluster = lambda k: (
+      k.startswith(("SLURM_", "OMPI_", "TPU_", "MEGASCALE_", "JAX_"))
+      and not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))
+  )
   env = {k: v for k, v in os.environ.items() if not cluster(k) and k != distributed.FORCE_ENV}
-  return dict(env, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-              JAX_PLATFORMS="cpu")
+  return dict(
+      env, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu"
+  )
 
 
 def _free_port() -> int:
@@ -61,20 +71,37 @@ def _free_port() -> int:
 def _launch_two(workdir: str, extra):
   """Runs launch.py as processes 0 and 1; returns their outputs (fails on error or timeout)."""
   port = _free_port()
-  procs = [subprocess.Popen(
-      [sys.executable, *SMOKE, f"--workdir={workdir}", f"--coordinator_address=localhost:{port}",
-       "--num_processes=2", f"--process_id={i}", *extra], cwd=ROOT, env=_env(2),
-      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+  procs = [
+      subprocess.Popen(
+          [
+              sys.executable,
+              *SMOKE,
+              f"--workdir={workdir}",
+              f"--coordinator_address=localhost:{port}",
+              "--num_processes=2",
+              f"--process_id={i}",
+              *extra,
+          ],
+          cwd=ROOT,
+          env=_env(2),
+          stdout=subprocess.PIPE,
+          stderr=subprocess.STDOUT,
+          text=True,
+      )
+      for i in range(2)
+  ]
   logs = [[] for _ in procs]
-  readers = [threading.Thread(target=lambda p=p, l=l: l.extend(p.stdout), daemon=True)
-             for p, l in zip(procs, logs)]
+  readers = [
+      threading.Thread(target=lambda p=p, l=l: l.extend(p.stdout), daemon=True)
+      for p, l in zip(procs, logs)
+  ]
   for r in readers:
     r.start()
   deadline = time.time() + _TIMEOUT_S
   try:
     while any(p.poll() is None for p in procs):
       if any(p.poll() not in (None, 0) for p in procs) or time.time() > deadline:
-        break   # one failed (its peer would wait for it forever) or both hang
+        break  # one failed (its peer would wait for it forever) or both hang
       time.sleep(0.5)
   finally:
     for p in procs:
@@ -90,15 +117,24 @@ def _launch_two(workdir: str, extra):
 
 
 def _scalars(workdir):
-  return {(tag, step): value for tag, series in logging_utils.read_scalars(workdir).items()
-          if not tag.startswith(("timing_s/", "perf/")) for step, value in series}
+  return {
+      (tag, step): value
+      for tag, series in logging_utils.read_scalars(workdir).items()
+      if not tag.startswith(("timing_s/", "perf/"))
+      for step, value in series
+  }
 
 
 def test_two_processes_match_one_process_and_resume(tmp_path):
   ref_dir, multi_dir = str(tmp_path / "one_process"), str(tmp_path / "two_processes")
-  ref = subprocess.run([sys.executable, *SMOKE, f"--workdir={ref_dir}",
-                        "--config.trainer.total_steps=2"], cwd=ROOT, env=_env(4),
-                       capture_output=True, text=True, timeout=_TIMEOUT_S)
+  ref = subprocess.run(
+      [sys.executable, *SMOKE, f"--workdir={ref_dir}", "--config.trainer.total_steps=2"],
+      cwd=ROOT,
+      env=_env(4),
+      capture_output=True,
+      text=True,
+      timeout=_TIMEOUT_S,
+  )
   assert ref.returncode == 0, ref.stderr[-4000:]
   first = _launch_two(multi_dir, ["--config.trainer.total_steps=1"])
   second = _launch_two(multi_dir, ["--config.trainer.total_steps=2"])  # resumes at step 1
@@ -110,8 +146,13 @@ def test_two_processes_match_one_process_and_resume(tmp_path):
   assert len(glob.glob(os.path.join(multi_dir, "events.out.tfevents.*"))) == 2
 
   want, got = _scalars(ref_dir), _scalars(multi_dir)
-  assert {("train/success", 2), ("val/success", 2), ("actor/pg_loss", 2),
-          ("collapse/multi_turn/mi_estimate", 1), ("critic/vf_loss", 1)} <= set(want)
+  assert {
+      ("train/success", 2),
+      ("val/success", 2),
+      ("actor/pg_loss", 2),
+      ("collapse/multi_turn/mi_estimate", 1),
+      ("critic/vf_loss", 1),
+  } <= set(want)
   missing = sorted(set(want) - set(got))
   assert not missing, missing
   for (tag, step), value in sorted(want.items()):
@@ -129,6 +170,7 @@ def _helpers_worker(port: int, process_id: int) -> None:
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top,g-multiple-import
+
   assert distributed.initialize(f"localhost:{port}", 2, process_id)
   devices = distributed.mesh_devices()
   assert [d.process_index for d in devices] == [0, 0, 1, 1]
@@ -142,15 +184,20 @@ def _helpers_worker(port: int, process_id: int) -> None:
   np.testing.assert_array_equal(distributed.local_rows(doubled, lo, hi), local_BxC * 2)
   # Split by columns, not rows: the helper fetches the whole array and keeps its rows.
   by_cols = jax.jit(lambda x: x + 1, out_shardings=NamedSharding(mesh, P(None, "b")))(
-      distributed.global_rows(np.arange(lo * 4, hi * 4).reshape(4, 4), rows, 8))
-  np.testing.assert_array_equal(distributed.local_rows({"a": by_cols}, lo, hi)["a"],
-                                np.arange(lo * 4, hi * 4).reshape(4, 4) + 1)
+      distributed.global_rows(np.arange(lo * 4, hi * 4).reshape(4, 4), rows, 8)
+  )
+  np.testing.assert_array_equal(
+      distributed.local_rows({"a": by_cols}, lo, hi)["a"],
+      np.arange(lo * 4, hi * 4).reshape(4, 4) + 1,
+  )
   parts = distributed.allgather({"p": process_id, "text": "x" * (10 + 1000 * process_id)})
   assert [p["p"] for p in parts] == [0, 1] and len(parts[1]["text"]) == 1010
   assert list(distributed.agree_max([process_id, 5 - process_id])) == [1, 5]
   assert distributed.any_across(process_id == 1)
-  state = distributed.put({"key": jax.random.key(3), "w": np.ones((4, 2), np.float32)},
-                          {"key": NamedSharding(mesh, P()), "w": rows})
+  state = distributed.put(
+      {"key": jax.random.key(3), "w": np.ones((4, 2), np.float32)},
+      {"key": NamedSharding(mesh, P()), "w": rows},
+  )
   assert not state["w"].is_fully_addressable
   key = distributed.local_copy(jax.random.fold_in(state["key"], 1))
   want = jax.random.key_data(jax.random.fold_in(jax.random.key(3), 1))
@@ -161,9 +208,17 @@ def _helpers_worker(port: int, process_id: int) -> None:
 
 def test_distributed_helpers_across_two_processes():
   port = _free_port()
-  procs = [subprocess.Popen([sys.executable, __file__, "helpers", str(port), str(i)], cwd=ROOT,
-                            env=_env(2), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True) for i in range(2)]
+  procs = [
+      subprocess.Popen(
+          [sys.executable, __file__, "helpers", str(port), str(i)],
+          cwd=ROOT,
+          env=_env(2),
+          stdout=subprocess.PIPE,
+          stderr=subprocess.STDOUT,
+          text=True,
+      )
+      for i in range(2)
+  ]
   try:
     outs = [p.communicate(timeout=120)[0] for p in procs]
   finally:
@@ -179,7 +234,8 @@ def test_a_single_process_environment_is_left_alone():
   assert distributed.initialize(environ={}) is False
   assert distributed.cluster_from_env({"SLURM_PROCID": "3", "SLURM_NTASKS": "8"}) == "slurm"
   assert distributed.cluster_from_env({"JAX_COORDINATOR_ADDRESS": "h:1234"}) == (
-      "JAX_COORDINATOR_ADDRESS")
+      "JAX_COORDINATOR_ADDRESS"
+  )
   assert distributed.cluster_from_env({"TPU_WORKER_HOSTNAMES": "a,b"}) == "tpu"
   assert distributed.cluster_from_env({"TPU_WORKER_HOSTNAMES": "a"}) is None
   assert distributed.cluster_from_env({distributed.FORCE_ENV: "1"}) == distributed.FORCE_ENV
@@ -188,10 +244,15 @@ def test_a_single_process_environment_is_left_alone():
 
 def test_importing_the_trainer_starts_no_backend():
   """jax.distributed.initialize must come before any backend; launch.py imports first."""
-  code = ("import jax._src.xla_bridge as xb, launch; "
-          "print(xb.backends_are_initialized())")
-  proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(1),
-                        capture_output=True, text=True, timeout=120)
+  code = "import jax._src.xla_bridge as xb, launch; " "print(xb.backends_are_initialized())"
+  proc = subprocess.run(
+      [sys.executable, "-c", code],
+      cwd=ROOT,
+      env=_env(1),
+      capture_output=True,
+      text=True,
+      timeout=120,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert proc.stdout.strip().splitlines()[-1] == "False"
 

@@ -1,4 +1,5 @@
 """Learning curves: events read back per run, smoothing, the figure's lines, the CLI's exits."""
+
 import dataclasses
 import math
 import sys
@@ -22,15 +23,26 @@ def _write(logdir, steps, train, entropy, val, mi=None):
     for step, value in val.items():
       writer.scalars(step, {"val/success": value})
     for i, step in enumerate(steps):
-      writer.scalars(step, {"train/success": train[i], "actor/entropy": entropy[i],
-                            "rollout/in_group_reward_std": 0.5 * train[i],
-                            "timing_s/step": 10.0 + step})
+      writer.scalars(
+          step,
+          {
+              "train/success": train[i],
+              "actor/entropy": entropy[i],
+              "rollout/in_group_reward_std": 0.5 * train[i],
+              "timing_s/step": 10.0 + step,
+          },
+      )
     for step, (first, multi) in (mi or {}).items():
-      writer.scalars(step, {"collapse/first_turn/mi_estimate": first,
-                            "collapse/multi_turn/mi_estimate": multi,
-                            "collapse/first_turn/mi_upper_bound": math.log(8),
-                            "collapse/first_turn/retrieval_acc_top1": 0.5,
-                            "collapse/first_turn/mi_zscore_ema": 2.0 * first})
+      writer.scalars(
+          step,
+          {
+              "collapse/first_turn/mi_estimate": first,
+              "collapse/multi_turn/mi_estimate": multi,
+              "collapse/first_turn/mi_upper_bound": math.log(8),
+              "collapse/first_turn/retrieval_acc_top1": 0.5,
+              "collapse/first_turn/mi_zscore_ema": 2.0 * first,
+          },
+      )
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +50,13 @@ def workdirs(tmp_path_factory):
   """Two fake runs: alpha (6 steps, with MI) and beta (4 steps, no MI tags)."""
   root = tmp_path_factory.mktemp("runs")
   _write(root / "alpha", range(1, 7), _ALPHA_TRAIN, _ALPHA_ENTROPY, _ALPHA_VAL, _ALPHA_MI)
-  _write(root / "beta", range(1, 5), [0.0, 0.25, 0.25, 0.5], [1.0, 1.0, 0.75, 0.75],
-         {0: 0.5, 2: 0.25, 4: 0.5})
+  _write(
+      root / "beta",
+      range(1, 5),
+      [0.0, 0.25, 0.25, 0.5],
+      [1.0, 1.0, 0.75, 0.75],
+      {0: 0.5, 2: 0.25, 4: 0.5},
+  )
   (root / "empty").mkdir()
   return root
 
@@ -81,8 +98,9 @@ def test_smoothing_is_a_trailing_mean_by_hand():
   np.testing.assert_allclose(plot.smooth([1, 2, 3, 4, 5], 3), [1, 1.5, 2, 3, 4])
   np.testing.assert_allclose(plot.smooth([2, 4, 6], 2), [2, 3, 5])
   # A NaN step is skipped, not spread over the window; a window of only NaN stays NaN.
-  np.testing.assert_allclose(plot.smooth([1, math.nan, 3, math.nan, math.nan], 2),
-                             [1, 1, 3, 3, math.nan])
+  np.testing.assert_allclose(
+      plot.smooth([1, math.nan, 3, math.nan, math.nan], 2), [1, 1, 3, 3, math.nan]
+  )
   np.testing.assert_array_equal(plot.smooth([0.5, 0.25], 1), [0.5, 0.25])
   assert plot.smooth([], 4).size == 0
 
@@ -96,9 +114,13 @@ def test_select_panels_defaults_replace_add_and_glob():
   with_mi = titles(plot.select_panels("", tags | {"collapse/first_turn/mi_zscore_ema"}))
   assert with_mi == defaults + [plot.PANELS["mi_zscore"].title]
   assert titles(plot.select_panels("entropy,critic/vf_loss", tags)) == [
-      plot.PANELS["entropy"].title, "critic/vf_loss"]
+      plot.PANELS["entropy"].title,
+      "critic/vf_loss",
+  ]
   assert titles(plot.select_panels("+val/*/success", tags)) == defaults + [
-      "val/bandit/success", "val/sokoban/success"]
+      "val/bandit/success",
+      "val/sokoban/success",
+  ]
   (panel,) = plot.select_panels("val/sokoban/success", tags)
   assert panel.curves[0].style == "markers" and not panel.curves[0].smooth
   assert plot.select_panels("critic/vf_loss", tags)[0].curves[0].smooth
@@ -131,16 +153,21 @@ def test_figure_draws_the_written_values_per_panel(runs):
   assert sorted((l.get_label(), l.get_gid(), l.get_linestyle()) for l in mi.lines) == [
       ("alpha", "collapse/first_turn/mi_estimate", "-"),
       ("alpha", "collapse/first_turn/mi_upper_bound", "--"),
-      ("alpha", "collapse/multi_turn/mi_estimate", ":")]
+      ("alpha", "collapse/multi_turn/mi_estimate", ":"),
+  ]
   first = _line(mi, "alpha", "collapse/first_turn/mi_estimate")
   np.testing.assert_array_equal(first.get_xdata(), [1, 4])
   np.testing.assert_array_equal(first.get_ydata(), [0.5, 1.25])
-  np.testing.assert_allclose(_line(mi, "alpha", "collapse/first_turn/mi_upper_bound").get_ydata(),
-                             [_LOG_N, _LOG_N])
+  np.testing.assert_allclose(
+      _line(mi, "alpha", "collapse/first_turn/mi_upper_bound").get_ydata(), [_LOG_N, _LOG_N]
+  )
   # The run without MI is named on the panel; the style legend explains the three line kinds.
   assert [t.get_text() for t in mi.texts] == ["not logged by beta"]
   assert [t.get_text() for t in mi.get_legend().get_texts()] == [
-      "first turn", "multi-turn", "log N ceiling"]
+      "first turn",
+      "multi-turn",
+      "log N ceiling",
+  ]
   assert not axes["actor entropy"].texts
 
 
@@ -148,14 +175,18 @@ def test_smoothing_applies_to_per_step_series_only(runs):
   panels = [plot.PANELS["success"], plot.PANELS["entropy"], plot.PANELS["mi"]]
   fig = plot.figure(runs, panels, smooth_k=2)
   success, entropy, mi = fig.axes
-  np.testing.assert_allclose(_line(entropy, "alpha", "actor/entropy").get_ydata(),
-                             [2.0, 1.75, 1.25, 0.75, 0.375, 0.1875])
-  np.testing.assert_allclose(_line(success, "alpha", "train/success").get_ydata(),
-                             [0.25, 0.375, 0.25, 0.375, 0.875, 0.75])
-  np.testing.assert_array_equal(_line(success, "alpha", "val/success").get_ydata(),
-                                list(_ALPHA_VAL.values()))
+  np.testing.assert_allclose(
+      _line(entropy, "alpha", "actor/entropy").get_ydata(), [2.0, 1.75, 1.25, 0.75, 0.375, 0.1875]
+  )
+  np.testing.assert_allclose(
+      _line(success, "alpha", "train/success").get_ydata(), [0.25, 0.375, 0.25, 0.375, 0.875, 0.75]
+  )
   np.testing.assert_array_equal(
-      _line(mi, "alpha", "collapse/first_turn/mi_estimate").get_ydata(), [0.5, 1.25])
+      _line(success, "alpha", "val/success").get_ydata(), list(_ALPHA_VAL.values())
+  )
+  np.testing.assert_array_equal(
+      _line(mi, "alpha", "collapse/first_turn/mi_estimate").get_ydata(), [0.5, 1.25]
+  )
   assert entropy.get_title() == "actor entropy (mean of 2 steps)"
   assert mi.get_title() == plot.PANELS["mi"].title
 
@@ -173,8 +204,16 @@ def test_table_row_by_hand(runs):
 
 def test_cli_writes_a_png_and_the_table(workdirs, tmp_path, capsys):
   out = tmp_path / "figs" / "curves.png"
-  code = plot.main([str(workdirs / "alpha"), str(workdirs / "beta"), f"--out={out}",
-                    "--smooth=3", "--title=test", "--metrics=+critic/vf_loss"])
+  code = plot.main(
+      [
+          str(workdirs / "alpha"),
+          str(workdirs / "beta"),
+          f"--out={out}",
+          "--smooth=3",
+          "--title=test",
+          "--metrics=+critic/vf_loss",
+      ]
+  )
   assert code == 0
   assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
   printed = capsys.readouterr().out

@@ -8,6 +8,7 @@ Two kinds of tests:
     independent BFS solver.
 Dimension legend: B episodes, T sequence, N new tokens per turn, V vocab.
 """
+
 import dataclasses
 
 import jax
@@ -33,8 +34,16 @@ def model():
 
 def small_config(**kw):
   # One temperature and cache capacity (1536 slots) everywhere: tests share compiled code.
-  base = dict(env_groups=2, group_size=2, max_turns=3, max_new_tokens=16, max_context=1024,
-              max_turn_tokens=400, render_format="grid", temperature=0.8)
+  base = dict(
+      env_groups=2,
+      group_size=2,
+      max_turns=3,
+      max_new_tokens=16,
+      max_context=1024,
+      max_turn_tokens=400,
+      render_format="grid",
+      temperature=0.8,
+  )
   base.update(kw)
   return rollout.RolloutConfig(**base)
 
@@ -84,20 +93,24 @@ def test_groups_share_a_start_and_rewards_sit_on_the_last_trained_token(model):
     assert np.flatnonzero(rewards[i]).tolist() in ([last], [])
     np.testing.assert_allclose(rewards[i].sum(), float(b.scores_B[i]), atol=1e-6)
   # A random model writes junk: every turn is penalised, none crashes.
-  np.testing.assert_allclose(result.metrics["format_penalty"], -0.1 * result.metrics["num_turns"],
-                             atol=1e-6)
+  np.testing.assert_allclose(
+      result.metrics["format_penalty"], -0.1 * result.metrics["num_turns"], atol=1e-6
+  )
 
 
 def test_context_limit_stops_before_a_turn_and_is_counted(model):
   probe = rollout.Rollout(envs.make("sokoban"), TOK, small_config(max_turns=1))
   first = probe.run(model, jax.random.key(3), seed=5)
-  prompt_len = int(np.asarray(first.batch.attention_mask_BxT).sum(1).max()
-                   - first.metrics["response_length"].min())
+  prompt_len = int(
+      np.asarray(first.batch.attention_mask_BxT).sum(1).max()
+      - first.metrics["response_length"].min()
+  )
   # Room for the first turn only.
   limit = prompt_len + 40
   turn_cap = 1536 - (-(-limit // 256) * 256)  # keeps the 1536-slot cache of the other tests
-  engine = rollout.Rollout(envs.make("sokoban"), TOK,
-                           small_config(max_context=limit, max_turn_tokens=turn_cap))
+  engine = rollout.Rollout(
+      envs.make("sokoban"), TOK, small_config(max_context=limit, max_turn_tokens=turn_cap)
+  )
   assert engine.capacity == probe.capacity
   result = engine.run(model, jax.random.key(3), seed=5)
   assert np.all(result.metrics["context_truncated"] == 1)
@@ -129,7 +142,7 @@ class Script:
     for i, active in enumerate(np.asarray(active_B)):
       if active:
         ids = TOK.encode(self.replies[i][self.calls])[:n]
-        tokens[i, :len(ids)], lengths[i] = ids, len(ids)
+        tokens[i, : len(ids)], lengths[i] = ids, len(ids)
     self.calls += 1
     logprobs = np.where(tokens != opts["pad_id"], -0.5, 0.0).astype(np.float32)
     return sampling.SampleOutput(tokens, logprobs, lengths), cache
@@ -148,13 +161,18 @@ def test_scripted_sokoban_solution_and_junk(monkeypatch, model):
   plans = [sokoban.solve(jax.tree.map(lambda x: x[i], starts), 10) for i in range(4)]
   i = next(i for i, p in enumerate(plans) if p and 3 <= len(p) <= 6)
   seed, plan = 100 + i, [env.action_names[a] for a in plans[i]]
-  solve = [f"go</think><answer>{' || '.join(plan[k:k + 2])}</answer>"
-           for k in range(0, len(plan), 2)] + ["x"] * 5
-  junk = ["\x00\ufffd<answer>", "</think><answer>Up || fly</answer>", "<think></think>",
-          "</think><answer>UP||down||left</answer>", ""]
+  solve = [
+      f"go</think><answer>{' || '.join(plan[k:k + 2])}</answer>" for k in range(0, len(plan), 2)
+  ] + ["x"] * 5
+  junk = [
+      "\x00\ufffd<answer>",
+      "</think><answer>Up || fly</answer>",
+      "<think></think>",
+      "</think><answer>UP||down||left</answer>",
+      "",
+  ]
   config = small_config(max_turns=5, max_new_tokens=32)
-  result = scripted_run(monkeypatch, model, env, [solve, junk, ["x"] * 5, ["x"] * 5], config,
-                        seed)
+  result = scripted_run(monkeypatch, model, env, [solve, junk, ["x"] * 5, ["x"] * 5], config, seed)
   m = result.metrics
   turns = -(-len(plan) // 2)
   assert m["success"][:2].tolist() == [1.0, 0.0]
@@ -191,10 +209,17 @@ def test_scripted_sokoban_solution_and_junk(monkeypatch, model):
   # The unchanged-turn penalty (-1 here) lowers each return by one per unchanged turn: 0 for the
   # solution, 5 - moved for the junk, 5 for each "x" episode. Format penalties and the "Reward:"
   # texts stay as they were.
-  shaped = scripted_run(monkeypatch, model, env, [solve, junk, ["x"] * 5, ["x"] * 5],
-                        dataclasses.replace(config, unchanged_penalty=-1.0), seed)
-  np.testing.assert_allclose(shaped.metrics["return"] - m["return"], [0, moved - 5, -5, -5],
-                             atol=1e-5)
+  shaped = scripted_run(
+      monkeypatch,
+      model,
+      env,
+      [solve, junk, ["x"] * 5, ["x"] * 5],
+      dataclasses.replace(config, unchanged_penalty=-1.0),
+      seed,
+  )
+  np.testing.assert_allclose(
+      shaped.metrics["return"] - m["return"], [0, moved - 5, -5, -5], atol=1e-5
+  )
   np.testing.assert_allclose(shaped.batch.scores_B, shaped.metrics["return"])
   np.testing.assert_allclose(shaped.metrics["format_penalty"], m["format_penalty"])
   assert [e["messages"] for e in shaped.episodes] == [e["messages"] for e in result.episodes]
@@ -227,14 +252,22 @@ def test_scripted_bandit_uses_the_arm_names(monkeypatch, model):
   env = envs.make("bandit")
   config = small_config(max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1)
   reset, _ = episodes_lib.env_functions(env)
-  names = env.action_names_for(jax.tree.map(lambda x: x[0], jax.device_get(
-      reset(jax.vmap(jax.random.key)(jnp.array([9, 9, 10, 10]))))))
+  names = env.action_names_for(
+      jax.tree.map(
+          lambda x: x[0], jax.device_get(reset(jax.vmap(jax.random.key)(jnp.array([9, 9, 10, 10]))))
+      )
+  )
   hi = [n for n in names if n in {p[1] for p in env.pairs}][0]
-  replies = [[f"</think><answer>{hi.lower()}</answer>"], ["</think><answer>Teacher?</answer>"],
-             ["junk"], ["junk"]]
+  replies = [
+      [f"</think><answer>{hi.lower()}</answer>"],
+      ["</think><answer>Teacher?</answer>"],
+      ["junk"],
+      ["junk"],
+  ]
   result = scripted_run(monkeypatch, model, env, replies, config, seed=9)
   assert result.metrics["success"][:2].tolist() == [1.0, 0.0]
   assert result.metrics["format_penalty"][:2].tolist() == [0.0, pytest.approx(-0.1)]
   assert result.metrics["num_turns"].tolist() == [1, 1, 1, 1]
   assert f"Your available actions are:\n{names[0]}, {names[1]}" in (
-      result.episodes[0]["messages"][0]["content"])
+      result.episodes[0]["messages"][0]["content"]
+  )

@@ -9,6 +9,7 @@ is loaded straight into its shardings, plays one rollout (2 groups x 4 episodes)
 key, and takes one StarPO step on the *first mesh's* rollout batch, so the update is compared on
 identical inputs. Prints {mesh: {tokens, rollout metrics, train metrics, parameter checksums}}.
 """
+
 import json
 import sys
 
@@ -27,7 +28,7 @@ from ragen_jax.train import trainer
 def run(mesh_shape, reference_batch=None):
   config = launch_utils.load_config_file("configs/sokoban_ppo.py:smoke")
   with config.unlocked():
-    config.rollout.group_size = 4          # 2 groups x 4 = 8 episodes: divides every mesh
+    config.rollout.group_size = 4  # 2 groups x 4 = 8 episodes: divides every mesh
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = mesh_shape
   exp = experiment.from_config(config)
   n = int(np.prod(mesh_shape))
@@ -40,17 +41,20 @@ def run(mesh_shape, reference_batch=None):
   # zero and the update compared below is a real one, not float noise around zero.
   result = engine.run(model, jax.random.key(7), seed=10007)
   if np.ptp(result.metrics["return"]) < 1.0:
-    raise SystemExit("the rollout's returns barely differ: the update would be noise; pick "
-                     "other levels")
+    raise SystemExit(
+        "the rollout's returns barely differ: the update would be noise; pick " "other levels"
+    )
   batch = trainer.join_batches([result.batch], exp.trainer.pad_multiple, tok.pad_id)
   if reference_batch is None:
     reference_batch = batch
   like = jax.eval_shape(lambda: algos.init_train_state(model, None, exp.ppo, jax.random.key(1)))
   state_sharding = sharder.tree(like)
-  state = jax.device_put(algos.init_train_state(model, None, exp.ppo, jax.random.key(1)),
-                         state_sharding)
-  step = algos.make_train_step(model, None, exp.ppo,
-                               out_shardings=(state_sharding, sharder.replicated))
+  state = jax.device_put(
+      algos.init_train_state(model, None, exp.ppo, jax.random.key(1)), state_sharding
+  )
+  step = algos.make_train_step(
+      model, None, exp.ppo, out_shardings=(state_sharding, sharder.replicated)
+  )
   ref = jax.device_put(reference_batch, sharder.batch_tree(reference_batch))
   state, metrics = step(state, ref, jax.random.key(3))
   params = jax.device_get(state.actor_params)
@@ -61,8 +65,10 @@ def run(mesh_shape, reference_batch=None):
       "rollout": {k: float(np.mean(v)) for k, v in result.metrics.items()},
       "train": {k: float(v) for k, v in jax.device_get(metrics).items()},
       "params": [float(np.sum(np.abs(x), dtype=np.float64)) for x in jax.tree.leaves(params)],
-      "critic": [float(np.sum(x, dtype=np.float64))
-                 for x in jax.tree.leaves(jax.device_get(state.critic_params))],
+      "critic": [
+          float(np.sum(x, dtype=np.float64))
+          for x in jax.tree.leaves(jax.device_get(state.critic_params))
+      ],
   }
 
 

@@ -1,4 +1,5 @@
 """Mesh config, rules and divisibility errors; sharded runs equal one device (8 simulated CPUs)."""
+
 import json
 import os
 import subprocess
@@ -14,8 +15,9 @@ from ragen_jax.train import experiment
 from ragen_jax.train import launch_utils
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EIGHT_DEVICES = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-                     JAX_PLATFORMS="cpu")
+EIGHT_DEVICES = dict(
+    os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu"
+)
 
 
 def test_minus_one_fills_the_remaining_devices_and_bad_products_name_the_numbers():
@@ -33,8 +35,9 @@ def test_minus_one_fills_the_remaining_devices_and_bad_products_name_the_numbers
 
 
 def test_rules_parse_strings_and_reject_unknown_axes():
-  rules = dict(sharding.parse_rules({**dict(sharding.DEFAULT_RULES), "embed": "fsdp,tensor",
-                                     "mlp": ""}))
+  rules = dict(
+      sharding.parse_rules({**dict(sharding.DEFAULT_RULES), "embed": "fsdp,tensor", "mlp": ""})
+  )
   assert rules["embed"] == ("fsdp", "tensor") and rules["mlp"] == ()
   with pytest.raises(ValueError, match="distinct mesh axes"):
     sharding.parse_rules({**dict(sharding.DEFAULT_RULES), "embed": "fsdp,model"})
@@ -45,35 +48,47 @@ def test_rules_parse_strings_and_reject_unknown_axes():
 
 
 def test_partition_specs_follow_the_rules_table():
-  s = sharding.Sharder(sharding.MeshSpec(data=1))   # one CPU device: a 1 x 1 x 1 mesh
+  s = sharding.Sharder(sharding.MeshSpec(data=1))  # one CPU device: a 1 x 1 x 1 mesh
   assert s.pspec(("batch", None)) == jax.sharding.PartitionSpec(("data", "fsdp"), None)
   assert s.pspec(("layers", "embed", "heads", "head_dim")) == jax.sharding.PartitionSpec(
-      None, "fsdp", "tensor", None)
+      None, "fsdp", "tensor", None
+  )
   # A mesh axis splits one dimension only: the second use is dropped, not an error from XLA.
   assert s.pspec(("embed", "embed")) == jax.sharding.PartitionSpec("fsdp", None)
-  shardings = s.tree({"decoder": {"layers": {"q_kernel": np.zeros((2, 8, 4, 2))}},
-                      "mu": {"decoder": {"embedding": np.zeros((16, 8))}},
-                      "count": np.zeros(())})
+  shardings = s.tree(
+      {
+          "decoder": {"layers": {"q_kernel": np.zeros((2, 8, 4, 2))}},
+          "mu": {"decoder": {"embedding": np.zeros((16, 8))}},
+          "count": np.zeros(()),
+      }
+  )
   assert shardings["decoder"]["layers"]["q_kernel"].spec == jax.sharding.PartitionSpec(
-      None, "fsdp", "tensor", None)
+      None, "fsdp", "tensor", None
+  )
   assert shardings["mu"]["decoder"]["embedding"].spec == jax.sharding.PartitionSpec(
-      "tensor", "fsdp")   # Adam moments follow their parameter's path suffix
+      "tensor", "fsdp"
+  )  # Adam moments follow their parameter's path suffix
   assert shardings["count"].spec == jax.sharding.PartitionSpec()
 
 
 def test_qwen_sizes_that_do_not_divide_are_refused_naming_both_numbers():
-  qwen = models.get_config("qwen2.5-0.5b")       # 14 query heads, 2 key/value heads
+  qwen = models.get_config("qwen2.5-0.5b")  # 14 query heads, 2 key/value heads
   s = sharding.Sharder(sharding.MeshSpec(data=1, fsdp=2, tensor=4), num_devices=8)
   with pytest.raises(ValueError, match=r"query heads = 14 cannot be split over tensor = 4"):
     s.check_model(qwen)
-  kv_only = sharding.MeshSpec(data=1, fsdp=2, tensor=4, rules={
-      **dict(sharding.DEFAULT_RULES), "heads": "", "mlp": "", "vocab": ""})
+  kv_only = sharding.MeshSpec(
+      data=1,
+      fsdp=2,
+      tensor=4,
+      rules={**dict(sharding.DEFAULT_RULES), "heads": "", "mlp": "", "vocab": ""},
+  )
   with pytest.raises(ValueError, match=r"key/value heads = 2 cannot be split over tensor = 4"):
     sharding.Sharder(kv_only, num_devices=8).check_model(qwen)
   sharding.Sharder(sharding.MeshSpec(data=2, fsdp=2, tensor=2), num_devices=8).check_model(qwen)
   with pytest.raises(ValueError, match=r"= 12 cannot be split over data = 2 x fsdp = 4"):
     sharding.Sharder(sharding.MeshSpec(data=2, fsdp=4), num_devices=8).check_batch(
-        "the training batch", 12)
+        "the training batch", 12
+    )
 
 
 def test_the_mesh_section_validates_into_the_experiment():
@@ -92,22 +107,39 @@ def test_the_mesh_section_validates_into_the_experiment():
 
 def test_a_run_whose_batch_does_not_divide_the_mesh_stops_before_compiling(tmp_path):
   proc = subprocess.run(
-      [sys.executable, "launch.py", "--config=configs/sokoban_ppo.py:smoke",
-       f"--workdir={tmp_path}", "--config.mesh.data=8"],
-      cwd=ROOT, env=EIGHT_DEVICES, capture_output=True, text=True, timeout=300)
+      [
+          sys.executable,
+          "launch.py",
+          "--config=configs/sokoban_ppo.py:smoke",
+          f"--workdir={tmp_path}",
+          "--config.mesh.data=8",
+      ],
+      cwd=ROOT,
+      env=EIGHT_DEVICES,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
   assert proc.returncode != 0
   assert "the training batch (episodes per step) = 4 cannot be split over data = 8" in (
-      proc.stderr + proc.stdout)
+      proc.stderr + proc.stdout
+  )
 
 
 def test_meshes_give_the_same_rollouts_and_updates_as_one_device():
   # Pure data, fsdp with tensor, and all three axes ((2,4,1) would add only compile time).
   meshes = ["1,1,1", "8,1,1", "1,4,2", "2,2,2"]
-  proc = subprocess.run([sys.executable, "tests/sharding_equivalence.py", *meshes], cwd=ROOT,
-                        env=EIGHT_DEVICES, capture_output=True, text=True, timeout=900)
+  proc = subprocess.run(
+      [sys.executable, "tests/sharding_equivalence.py", *meshes],
+      cwd=ROOT,
+      env=EIGHT_DEVICES,
+      capture_output=True,
+      text=True,
+      timeout=900,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][0]
-  _check_equal_to_one_device(meshes, json.loads(line[len("RESULT "):]))
+  _check_equal_to_one_device(meshes, json.loads(line[len("RESULT ") :]))
 
 
 def _check_equal_to_one_device(meshes, results):
@@ -115,7 +147,7 @@ def _check_equal_to_one_device(meshes, results):
   assert ref["devices"] == 1
   for mesh in meshes[1:]:
     got = results[mesh]
-    assert got["devices"] == 8, mesh                 # parameters really live on 8 devices
+    assert got["devices"] == 8, mesh  # parameters really live on 8 devices
     # Sampling is sharding-invariant (partitionable threefry) and the logits agree to float
     # rounding, so the same tokens are drawn and every rollout metric is identical.
     assert got["tokens"] == ref["tokens"], mesh

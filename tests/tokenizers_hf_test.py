@@ -4,6 +4,7 @@ A tokenizer directory is built in the test (byte-level BPE trained with the
 `tokenizers` package, Qwen's special tokens, Qwen2.5-Instruct's chat template
 in tokenizer_config.json); transformers' AutoTokenizer is the reference.
 """
+
 import json
 
 import pytest
@@ -22,41 +23,47 @@ QWEN25_TEMPLATE = (
     "You are a helpful assistant.<|im_end|>\\n' }}\n"
     "{%- endif %}\n"
     "{%- for message in messages %}\n"
-    "    {%- if (message.role == \"user\") or (message.role == \"system\" and not "
-    "loop.first) or (message.role == \"assistant\" and not message.tool_calls) %}\n"
+    '    {%- if (message.role == "user") or (message.role == "system" and not '
+    'loop.first) or (message.role == "assistant" and not message.tool_calls) %}\n'
     "        {{- '<|im_start|>' + message.role + '\\n' + message.content + "
     "'<|im_end|>' + '\\n' }}\n"
-    "    {%- elif message.role == \"tool\" %}\n"
+    '    {%- elif message.role == "tool" %}\n'
     "        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "
-    "\"tool\") %}\n"
+    '"tool") %}\n'
     "            {{- '<|im_start|>user' }}\n"
     "        {%- endif %}\n"
     "        {{- '\\n<tool_response>\\n' }}\n"
     "        {{- message.content }}\n"
     "        {{- '\\n</tool_response>' }}\n"
-    "        {%- if loop.last or (messages[loop.index0 + 1].role != \"tool\") %}\n"
+    '        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}\n'
     "            {{- '<|im_end|>\\n' }}\n"
     "        {%- endif %}\n"
     "    {%- endif %}\n"
     "{%- endfor %}\n"
     "{%- if add_generation_prompt %}\n"
     "    {{- '<|im_start|>assistant\\n' }}\n"
-    "{%- endif %}\n")
+    "{%- endif %}\n"
+)
 
 SOKOBAN_STATE = "######\n#O####\n#__###\n#X_###\n#_P_##\n######"
 CONVERSATIONS = [
     [{"role": "user", "content": "Hi there"}],
-    [{"role": "system", "content": "You're a helpful assistant. Solve Sokoban."},
-     {"role": "user", "content": f"Turn 1:\nState:\n{SOKOBAN_STATE}\n"
-                                 "You have 10 actions left."},
-     {"role": "assistant", "content": "<think>Push up.</think><answer>Up || Up"
-                                      "</answer>"},
-     {"role": "user", "content": "Reward:\n-0.2\n\nTurn 2:\nState:\n√ P"}],
-    [{"role": "user", "content": "call"},
-     {"role": "tool", "content": "result one"},
-     {"role": "tool", "content": "result two"},
-     {"role": "assistant", "content": "done"},
-     {"role": "system", "content": "late system"}],
+    [
+        {"role": "system", "content": "You're a helpful assistant. Solve Sokoban."},
+        {
+            "role": "user",
+            "content": f"Turn 1:\nState:\n{SOKOBAN_STATE}\n" "You have 10 actions left.",
+        },
+        {"role": "assistant", "content": "<think>Push up.</think><answer>Up || Up" "</answer>"},
+        {"role": "user", "content": "Reward:\n-0.2\n\nTurn 2:\nState:\n√ P"},
+    ],
+    [
+        {"role": "user", "content": "call"},
+        {"role": "tool", "content": "result one"},
+        {"role": "tool", "content": "result two"},
+        {"role": "assistant", "content": "done"},
+        {"role": "system", "content": "late system"},
+    ],
 ]
 
 
@@ -68,15 +75,21 @@ def tokenizer_dir(tmp_path_factory):
   tok.decoder = hf_tokenizers.decoders.ByteLevel()
   specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
   trainer = hf_tokenizers.trainers.BpeTrainer(
-      vocab_size=400, special_tokens=specials,
-      initial_alphabet=hf_tokenizers.pre_tokenizers.ByteLevel.alphabet())
+      vocab_size=400,
+      special_tokens=specials,
+      initial_alphabet=hf_tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+  )
   corpus = [json.dumps(c) for c in CONVERSATIONS] * 20
   tok.train_from_iterator(corpus, trainer)
   tok.save(str(path / "tokenizer.json"))
-  config = {"tokenizer_class": "PreTrainedTokenizerFast",
-            "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-            "bos_token": None, "chat_template": QWEN25_TEMPLATE,
-            "model_max_length": 32768}
+  config = {
+      "tokenizer_class": "PreTrainedTokenizerFast",
+      "eos_token": "<|im_end|>",
+      "pad_token": "<|endoftext|>",
+      "bos_token": None,
+      "chat_template": QWEN25_TEMPLATE,
+      "model_max_length": 32768,
+  }
   with open(path / "tokenizer_config.json", "w") as fp:
     json.dump(config, fp)
   return str(path)
@@ -89,32 +102,33 @@ def hf_reference(tokenizer_dir):
 
 @pytest.mark.parametrize("index", range(len(CONVERSATIONS)))
 @pytest.mark.parametrize("generation", [False, True])
-def test_chat_template_matches_transformers(tokenizer_dir, hf_reference, index,
-                                            generation):
+def test_chat_template_matches_transformers(tokenizer_dir, hf_reference, index, generation):
   messages = CONVERSATIONS[index]
   expected = hf_reference.apply_chat_template(
-      messages, tokenize=False, add_generation_prompt=generation)
+      messages, tokenize=False, add_generation_prompt=generation
+  )
   assert tokenizers.render_chatml(messages, generation) == expected
-  ours = [tokenizers.HFTokenizer.from_dir(tokenizer_dir),
-          tokenizers.load("qwen2.5"), tokenizers.load("sentencepiece")]
+  ours = [
+      tokenizers.HFTokenizer.from_dir(tokenizer_dir),
+      tokenizers.load("qwen2.5"),
+      tokenizers.load("sentencepiece"),
+  ]
   for tok in ours:
     assert tok.apply_chat_template(messages, generation) == expected
 
 
-def test_builtin_renderer_without_a_template_matches(tokenizer_dir, hf_reference,
-                                                     tmp_path):
+def test_builtin_renderer_without_a_template_matches(tokenizer_dir, hf_reference, tmp_path):
   # A checkpoint without chat_template falls back to the Qwen2.5 renderer.
   for name in ("tokenizer.json",):
     (tmp_path / name).write_bytes(open(f"{tokenizer_dir}/{name}", "rb").read())
   tok = tokenizers.HFTokenizer.from_dir(str(tmp_path))
   messages = CONVERSATIONS[1]
   assert tok.apply_chat_template(messages, True) == (
-      hf_reference.apply_chat_template(messages, tokenize=False,
-                                       add_generation_prompt=True))
+      hf_reference.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+  )
 
 
-def test_encode_decode_and_special_ids_match_transformers(tokenizer_dir,
-                                                          hf_reference):
+def test_encode_decode_and_special_ids_match_transformers(tokenizer_dir, hf_reference):
   tok = tokenizers.load(tokenizer_dir)
   assert isinstance(tok, tokenizers.HFTokenizer)
   assert tok.eos_id == hf_reference.convert_tokens_to_ids("<|im_end|>")
@@ -125,8 +139,9 @@ def test_encode_decode_and_special_ids_match_transformers(tokenizer_dir,
     ids = tok.encode(text)
     assert ids == hf_reference.encode(text, add_special_tokens=False)
     assert tok.decode(ids) == text == hf_reference.decode(ids)
-    assert (tok.decode(ids, skip_special_tokens=True)
-            == hf_reference.decode(ids, skip_special_tokens=True))
+    assert tok.decode(ids, skip_special_tokens=True) == hf_reference.decode(
+        ids, skip_special_tokens=True
+    )
     assert ids.count(tok.token_to_id("<|im_start|>")) == text.count("<|im_start|>")
 
 
@@ -139,5 +154,6 @@ def test_load_rejects_unknown_specs(tmp_path):
 
 def test_subpackage_does_not_shadow_huggingface_tokenizers():
   from ragen_jax.tokenizers import hf  # pylint: disable=g-import-not-at-top
+
   assert hf.hf_tokenizers is hf_tokenizers
   assert hf.hf_tokenizers.__name__ == "tokenizers"

@@ -1,4 +1,5 @@
 """QwenVocabTokenizer (real Qwen2.5 ids) and the shipped SentencePiece model."""
+
 import importlib.resources
 import random
 
@@ -12,17 +13,40 @@ from ragen_jax.tokenizers import train_sentencepiece
 
 # Qwen2.5's tokenisation of its own default system turn (ids as produced by
 # the Hugging Face tokenizer of Qwen2.5-*-Instruct).
-QWEN25_SYSTEM_IDS = [151644, 8948, 198, 2610, 525, 1207, 16948, 11, 3465, 553,
-                     54364, 14817, 13, 1446, 525, 264, 10950, 17847, 13,
-                     151645, 198]
+QWEN25_SYSTEM_IDS = [
+    151644,
+    8948,
+    198,
+    2610,
+    525,
+    1207,
+    16948,
+    11,
+    3465,
+    553,
+    54364,
+    14817,
+    13,
+    1446,
+    525,
+    264,
+    10950,
+    17847,
+    13,
+    151645,
+    198,
+]
 
 
 def env_texts(n=30):
   rng = random.Random(7)
   texts = []
   for i in range(n):
-    messages = (train_sentencepiece.bandit_episode(rng) if i % 3 == 2 else
-                train_sentencepiece.grid_episode(rng, sokoban=i % 3 == 0))
+    messages = (
+        train_sentencepiece.bandit_episode(rng)
+        if i % 3 == 2
+        else train_sentencepiece.grid_episode(rng, sokoban=i % 3 == 0)
+    )
     texts.append(tokenizers.render_chatml(messages, add_generation_prompt=True))
   return texts
 
@@ -51,7 +75,10 @@ def test_qwen_vocab_matches_known_qwen25_ids(qwen):
   assert qwen.encode(text) == QWEN25_SYSTEM_IDS
   assert qwen.encode("Hello world") == [9707, 1879]
   assert qwen.encode_chat([{"role": "user", "content": "hi"}], True)[-3:] == [
-      151644, 77091, 198]  # "<|im_start|>assistant\n"
+      151644,
+      77091,
+      198,
+  ]  # "<|im_start|>assistant\n"
 
 
 def test_qwen_vocab_round_trips_env_prompts(qwen):
@@ -65,8 +92,15 @@ def test_qwen_vocab_round_trips_env_prompts(qwen):
 
 def test_sentencepiece_matches_tiny_preset_and_has_single_markers(spm):
   assert spm.vocab_size == models.get_config("tiny").vocab_size
-  for marker in ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>",
-                 "</think>", "<answer>", "</answer>"):
+  for marker in (
+      "<|im_start|>",
+      "<|im_end|>",
+      "<|endoftext|>",
+      "<think>",
+      "</think>",
+      "<answer>",
+      "</answer>",
+  ):
     assert spm.encode(marker) == [spm.token_to_id(marker)]
   assert spm.eos_id == spm.token_to_id("<|im_end|>")
   assert spm.pad_id == spm.token_to_id("<|endoftext|>")

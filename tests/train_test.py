@@ -4,6 +4,7 @@ NaN stop, export to transformers, evaluation of a training checkpoint, mixed env
 One uninterrupted smoke run (module fixture) is the reference the other tests compare against.
 Dimension legend: B episodes, T tokens.
 """
+
 import os
 import re
 import signal
@@ -35,8 +36,13 @@ def smoke_config(spec=SMOKE):
 
 
 def comparable(scalars, steps):
-  return {(tag, step): value for tag, series in scalars.items() if not tag.startswith(_TIMING)
-          for step, value in series if step in steps}
+  return {
+      (tag, step): value
+      for tag, series in scalars.items()
+      if not tag.startswith(_TIMING)
+      for step, value in series
+      if step in steps
+  }
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +56,19 @@ def test_smoke_run_writes_events_checkpoints_and_trajectories(reference_run):
   workdir, summary = reference_run
   assert summary["step"] == 4
   scalars = logging_utils.read_scalars(workdir)
-  for tag in ("train/success", "train/sokoban/success", "val/success", "val/sokoban/success",
-              "actor/pg_loss", "actor/entropy", "critic/vf_loss", "rollout/in_group_reward_std",
-              "timing_s/gen", "timing_s/update", "response_length/mean"):
+  for tag in (
+      "train/success",
+      "train/sokoban/success",
+      "val/success",
+      "val/sokoban/success",
+      "actor/pg_loss",
+      "actor/entropy",
+      "critic/vf_loss",
+      "rollout/in_group_reward_std",
+      "timing_s/gen",
+      "timing_s/update",
+      "response_length/mean",
+  ):
     assert tag in scalars, tag
   assert [s for s, _ in scalars["train/success"]] == [1, 2, 3, 4]
   # Diagnostics: reasoning metrics every step, the MI family at step 1 and every 2 (smoke).
@@ -65,7 +81,7 @@ def test_smoke_run_writes_events_checkpoints_and_trajectories(reference_run):
     assert -0.5 < value <= bound + 1e-4
   assert not [t for t in scalars if t.startswith(("early_stopped/", "early_warning/"))]
   assert [s for s, _ in scalars["val/success"]] == [0, 2, 4]  # step 0 = starting point
-  assert "sft/loss" not in scalars        # RL configs start from the shipped warm start
+  assert "sft/loss" not in scalars  # RL configs start from the shipped warm start
   ckpt = checkpoints.Checkpointer(os.path.join(workdir, "checkpoints"))
   assert ckpt.all_steps() == [0, 2, 4]
   assert ckpt.meta()["next_train_seed"] == 10000 + 4 * 2
@@ -75,15 +91,18 @@ def test_smoke_run_writes_events_checkpoints_and_trajectories(reference_run):
   assert "Turn 1:" in texts["val/sokoban/trajectories"][0][1]
   assert os.path.isfile(os.path.join(workdir, "eval", "step_4.jsonl"))
   assert sorted(os.listdir(os.path.join(workdir, "viewer"))) == [
-      "step_0.html", "step_2.html", "step_4.html"]
+      "step_0.html",
+      "step_2.html",
+      "step_4.html",
+  ]
 
 
 def test_resumed_run_matches_the_uninterrupted_run(reference_run, tmp_path):
   ref_dir, _ = reference_run
   workdir = str(tmp_path / "resumed")
-  first = trainer.train(smoke_config(), workdir, stop_after=1)   # stops (and saves) at step 1
+  first = trainer.train(smoke_config(), workdir, stop_after=1)  # stops (and saves) at step 1
   assert first["step"] == 1
-  second = trainer.train(smoke_config(), workdir)                # the same call resumes
+  second = trainer.train(smoke_config(), workdir)  # the same call resumes
   assert second["step"] == 4
   ref, got = logging_utils.read_scalars(ref_dir), logging_utils.read_scalars(workdir)
   expected = comparable(ref, {2, 3, 4})
@@ -99,8 +118,8 @@ def test_early_stop_rule_saves_ends_the_run_and_stays_stopped(tmp_path):
   workdir = str(tmp_path / "stopped")
   config = smoke_config()
   with config.unlocked():
-    config.early_stop.low_val_threshold = 1.1    # every validation counts as "low"
-    config.early_stop.low_val_patience = 2       # step 0 and step 2: fires at step 2
+    config.early_stop.low_val_threshold = 1.1  # every validation counts as "low"
+    config.early_stop.low_val_patience = 2  # step 0 and step 2: fires at step 2
   summary = trainer.train(config, workdir)
   assert summary["step"] == 2 and summary["early_stopped"] == "low_val_success"
   scalars = logging_utils.read_scalars(workdir)
@@ -108,10 +127,10 @@ def test_early_stop_rule_saves_ends_the_run_and_stays_stopped(tmp_path):
   ckpt = checkpoints.Checkpointer(os.path.join(workdir, "checkpoints"))
   assert ckpt.latest_step() == 2 and ckpt.meta()["early_stopped"]["rule"] == "low_val_success"
   ckpt.close()
-  again = trainer.train(config, workdir)             # the same command: still stopped
+  again = trainer.train(config, workdir)  # the same command: still stopped
   assert again == {"step": 2, "early_stopped": "low_val_success"}
   with config.unlocked():
-    config.early_stop.low_val_success = "warn"       # the user chooses to go on
+    config.early_stop.low_val_success = "warn"  # the user chooses to go on
   resumed = trainer.train(config, workdir)
   assert resumed["step"] == 4 and "early_stopped" not in resumed
 
@@ -121,10 +140,17 @@ def test_ctrl_c_saves_and_exits_cleanly_then_resumes(reference_run, tmp_path):
   resumes and logs what the uninterrupted run logged. One device: its programs are in the
   session's compile cache (sharded checkpoints are saved and resumed in multihost_test)."""
   workdir = str(tmp_path / "interrupted")
-  command = [sys.executable, "launch.py", f"--config={SMOKE}", f"--workdir={workdir}",
-             "--config.trainer.total_steps=3", "--config.diagnostics.compute_freq=0"]
-  proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True)
+  command = [
+      sys.executable,
+      "launch.py",
+      f"--config={SMOKE}",
+      f"--workdir={workdir}",
+      "--config.trainer.total_steps=3",
+      "--config.diagnostics.compute_freq=0",
+  ]
+  proc = subprocess.Popen(
+      command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+  )
   lines = []
   deadline = time.time() + 300
   for line in proc.stdout:
@@ -149,8 +175,11 @@ def test_ctrl_c_saves_and_exits_cleanly_then_resumes(reference_run, tmp_path):
   assert steps == sorted(set(steps)) and steps[-1] == 3
   # Step 3 ran after the resume: the same as the uninterrupted run's step 3 (the diagnostics,
   # off here, change no rollout or update).
-  want = {k: v for k, v in comparable(logging_utils.read_scalars(reference_run[0]), {3}).items()
-          if not k[0].startswith("collapse/")}
+  want = {
+      k: v
+      for k, v in comparable(logging_utils.read_scalars(reference_run[0]), {3}).items()
+      if not k[0].startswith("collapse/")
+  }
   assert ("actor/pg_loss", 3) in want and ("train/success", 3) in want
   assert {k: v for k, v in comparable(got, {3}).items() if k in want} == want
 
@@ -165,6 +194,7 @@ def test_non_finite_loss_stops_without_saving(tmp_path, monkeypatch):
       state, metrics = step_fn(state, batch, key)
       metrics = dict(metrics, **{"actor/pg_loss": jnp.where(state.step >= 2, jnp.nan, 0.0)})
       return state, metrics
+
     return step
 
   monkeypatch.setattr(algos, "make_train_step", poisoned)
@@ -172,7 +202,7 @@ def test_non_finite_loss_stops_without_saving(tmp_path, monkeypatch):
   with pytest.raises(trainer.NonFiniteLossError, match="actor/pg_loss"):
     trainer.train(smoke_config(), workdir)
   ckpt = checkpoints.Checkpointer(os.path.join(workdir, "checkpoints"))
-  assert ckpt.all_steps() == [0]      # step 1 is not a save step; step 2 never saved
+  assert ckpt.all_steps() == [0]  # step 1 is not a save step; step 2 never saved
   ckpt.close()
 
 
@@ -180,10 +210,11 @@ def test_checkpoint_that_does_not_fit_the_config_is_a_clear_error(reference_run,
   ref_dir, _ = reference_run
   workdir = str(tmp_path / "other")
   import shutil  # pylint: disable=g-import-not-at-top
+
   shutil.copytree(os.path.join(ref_dir, "checkpoints"), os.path.join(workdir, "checkpoints"))
   config = smoke_config()
   with config.unlocked():
-    config.ppo.adv_estimator = "grpo"   # no critic: the saved state has one
+    config.ppo.adv_estimator = "grpo"  # no critic: the saved state has one
   with pytest.raises(ValueError, match="does not fit"):
     trainer.train(config, workdir)
 
@@ -191,10 +222,16 @@ def test_checkpoint_that_does_not_fit_the_config_is_a_clear_error(reference_run,
 def test_export_loads_in_transformers_with_the_same_logits(reference_run, tmp_path):
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
+
   ref_dir, _ = reference_run
   out = str(tmp_path / "hf")
-  proc = subprocess.run([sys.executable, "-m", "ragen_jax.export", f"--checkpoint={ref_dir}",
-                         f"--out={out}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+  proc = subprocess.run(
+      [sys.executable, "-m", "ragen_jax.export", f"--checkpoint={ref_dir}", f"--out={out}"],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "exported step 4" in proc.stdout
   assert os.path.isfile(os.path.join(out, "ragen_sentencepiece.model"))
@@ -203,8 +240,9 @@ def test_export_loads_in_transformers_with_the_same_logits(reference_run, tmp_pa
   ids = np.random.default_rng(0).integers(0, 2000, (2, 24))
   with torch.no_grad():
     expected = hf(torch.tensor(ids)).logits.numpy()
-  np.testing.assert_allclose(np.asarray(actor(jnp.asarray(ids, jnp.int32))), expected,
-                             atol=1e-4, rtol=1e-4)
+  np.testing.assert_allclose(
+      np.asarray(actor(jnp.asarray(ids, jnp.int32))), expected, atol=1e-4, rtol=1e-4
+  )
 
 
 def test_evaluate_reads_a_training_checkpoint(reference_run, tmp_path):
@@ -214,14 +252,16 @@ def test_evaluate_reads_a_training_checkpoint(reference_run, tmp_path):
   # The trainer's final validation used the same policy, seeds and keys.
   assert metrics["val/success"] == logged["val/success"][-1][1]
   assert metrics["val/sokoban/response_length"] == pytest.approx(
-      logged["val/sokoban/response_length"][-1][1])
+      logged["val/sokoban/response_length"][-1][1]
+  )
   assert metrics["val/num_episodes"] == 4
 
 
 def test_sft_only_config_fine_tunes_validates_and_saves_step_0(tmp_path):
   workdir = str(tmp_path / "sft")
-  summary = trainer.train(smoke_config(os.path.join(ROOT, "configs", "sokoban_sft.py:smoke")),
-                          workdir)
+  summary = trainer.train(
+      smoke_config(os.path.join(ROOT, "configs", "sokoban_sft.py:smoke")), workdir
+  )
   assert summary["step"] == 0
   scalars = logging_utils.read_scalars(workdir)
   assert [s for s, _ in scalars["sft/loss"]] == [2] and "val/success" in scalars
@@ -246,10 +286,16 @@ def test_join_batches_pads_and_offsets_group_ids():
 
   def batch(b, t, value):
     ones = np.ones((b, t), np.int32)
-    return RolloutBatch(tokens_BxT=ones * value, attention_mask_BxT=ones, loss_mask_BxT=ones,
-                        logprobs_BxT=ones * 0.5, token_rewards_BxT=ones * 0.0,
-                        group_ids_B=np.repeat(np.arange(b // 2), 2),
-                        scores_B=np.arange(b, dtype=np.float32))
+    return RolloutBatch(
+        tokens_BxT=ones * value,
+        attention_mask_BxT=ones,
+        loss_mask_BxT=ones,
+        logprobs_BxT=ones * 0.5,
+        token_rewards_BxT=ones * 0.0,
+        group_ids_B=np.repeat(np.arange(b // 2), 2),
+        scores_B=np.arange(b, dtype=np.float32),
+    )
+
   joined = trainer.join_batches([batch(4, 5, 7), batch(2, 9, 8)], pad_multiple=4, pad_id=0)
   assert joined.tokens_BxT.shape == (6, 12)
   np.testing.assert_array_equal(np.asarray(joined.group_ids_B), [0, 0, 1, 1, 2, 2])

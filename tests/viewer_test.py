@@ -1,4 +1,5 @@
 """Tests of ragen_jax.viewer: the page's data, its safety against model text, Chromium, the CLI."""
+
 import html.parser
 import json
 import os
@@ -10,19 +11,28 @@ import pytest
 
 from ragen_jax import viewer
 
-GRIDS = ("######\n#_P__#\n#_X__#\n#_O__#\n######",
-         "######\n#____#\n#_P__#\n#_X__#\n######",
-         "######\n#____#\n#____#\n#_S__#\n######")
-THINKS = ("The box is below me, push it down.", "Again down & the box <lands> on O.",
-          "Done? One more look.")
+GRIDS = (
+    "######\n#_P__#\n#_X__#\n#_O__#\n######",
+    "######\n#____#\n#_P__#\n#_X__#\n######",
+    "######\n#____#\n#____#\n#_S__#\n######",
+)
+THINKS = (
+    "The box is below me, push it down.",
+    "Again down & the box <lands> on O.",
+    "Done? One more look.",
+)
 EVIL = "</script><b>x<!-- & --> <script>alert(1)</script>"
 
 
 def _user(turn, state, left, reward=None):
   head = f"Reward:\n{reward}\n" if reward is not None else ""
-  return {"role": "user", "content": (
-      f"{head}\nTurn {turn}:\nState:\n{state}\nYou have {left} actions left. Always output: "
-      "<think>...</think><answer>...</answer> with no extra text.\n")}
+  return {
+      "role": "user",
+      "content": (
+          f"{head}\nTurn {turn}:\nState:\n{state}\nYou have {left} actions left. Always output: "
+          "<think>...</think><answer>...</answer> with no extra text.\n"
+      ),
+  }
 
 
 def _reply(text):
@@ -31,38 +41,72 @@ def _reply(text):
 
 def _known():
   """A 3-turn Sokoban episode: the box goes down onto the target on turn 2."""
-  messages = [{"role": "system", "content": "You're a helpful assistant. Sokoban."},
-              _user(1, GRIDS[0], 10),
-              _reply(f"<think>{THINKS[0]}</think><answer>Down</answer>"),
-              _user(2, GRIDS[1], 9, reward=-0.1),
-              _reply(f"<think>{THINKS[1]}</think><answer>Down || Up</answer>"),
-              _user(3, GRIDS[2], 7, reward=10.9),
-              _reply(f"<think>{THINKS[2]}</think> <answer>Left</answer>")]
-  return {"messages": messages, "turn_rewards": [-0.1, 10.9, -0.1], "success": True,
-          "reward": 10.700000000000001, "turns": 3, "group_id": 4, "env": "sokoban",
-          "seed": 10004, "episode": 1, "context_truncated": False, "reply_starts": [1, 2, 3]}
+  messages = [
+      {"role": "system", "content": "You're a helpful assistant. Sokoban."},
+      _user(1, GRIDS[0], 10),
+      _reply(f"<think>{THINKS[0]}</think><answer>Down</answer>"),
+      _user(2, GRIDS[1], 9, reward=-0.1),
+      _reply(f"<think>{THINKS[1]}</think><answer>Down || Up</answer>"),
+      _user(3, GRIDS[2], 7, reward=10.9),
+      _reply(f"<think>{THINKS[2]}</think> <answer>Left</answer>"),
+  ]
+  return {
+      "messages": messages,
+      "turn_rewards": [-0.1, 10.9, -0.1],
+      "success": True,
+      "reward": 10.700000000000001,
+      "turns": 3,
+      "group_id": 4,
+      "env": "sokoban",
+      "seed": 10004,
+      "episode": 1,
+      "context_truncated": False,
+      "reply_starts": [1, 2, 3],
+  }
 
 
 def _adversarial():
   """Hostile text everywhere, malformed replies, no turn_rewards (an older record)."""
-  messages = [{"role": "system", "content": EVIL},
-              _user(1, "#" + EVIL, 4),
-              _reply(EVIL),
-              _user(2, "####\n#P_#", 3, reward=-0.1),
-              _reply(""),
-              _user(3, "####", 2, reward=-0.1),
-              _reply("<think>unclosed <answer>Up")]
-  return {"messages": messages, "success": False, "reward": float("nan"), "turns": 3,
-          "group_id": 0, "env": "frozen<lake>", "seed": 1, "episode": 0,
-          "context_truncated": True}
+  messages = [
+      {"role": "system", "content": EVIL},
+      _user(1, "#" + EVIL, 4),
+      _reply(EVIL),
+      _user(2, "####\n#P_#", 3, reward=-0.1),
+      _reply(""),
+      _user(3, "####", 2, reward=-0.1),
+      _reply("<think>unclosed <answer>Up"),
+  ]
+  return {
+      "messages": messages,
+      "success": False,
+      "reward": float("nan"),
+      "turns": 3,
+      "group_id": 0,
+      "env": "frozen<lake>",
+      "seed": 1,
+      "episode": 0,
+      "context_truncated": True,
+  }
 
 
 def _third():
-  messages = [{"role": "system", "content": "Bandit."}, _user(1, "Pull an arm.", 1),
-              _reply("<think>Phoenix sounds risky.</think><answer>Phoenix</answer>")]
-  return {"messages": messages, "turn_rewards": [0.25], "success": True, "reward": 0.25,
-          "turns": 1, "group_id": 2, "env": "bandit", "seed": 7, "episode": 0,
-          "context_truncated": False}
+  messages = [
+      {"role": "system", "content": "Bandit."},
+      _user(1, "Pull an arm.", 1),
+      _reply("<think>Phoenix sounds risky.</think><answer>Phoenix</answer>"),
+  ]
+  return {
+      "messages": messages,
+      "turn_rewards": [0.25],
+      "success": True,
+      "reward": 0.25,
+      "turns": 1,
+      "group_id": 2,
+      "env": "bandit",
+      "seed": 7,
+      "episode": 0,
+      "context_truncated": False,
+  }
 
 
 def _episodes():
@@ -137,7 +181,8 @@ def test_page_holds_every_turn_and_survives_hostile_text(tmp_path):
   assert blob["episodes"] == [viewer.episode_view(ep) for ep in episodes]
   steps = blob["episodes"][0]["steps"]
   assert [(s["state"], s["think"], s["reward"]) for s in steps] == list(
-      zip(GRIDS, THINKS, [-0.1, 10.9, -0.1]))
+      zip(GRIDS, THINKS, [-0.1, 10.9, -0.1])
+  )
   assert blob["episodes"][1]["steps"][0]["reply"] == EVIL
   # As the page encodes them: grids verbatim, '<' and '&' as JSON escapes.
   for grid in GRIDS:
@@ -154,17 +199,32 @@ def _chromium():
     return path
   if os.environ.get("RAGEN_JAX_REQUIRE_CHROMIUM") == "1":
     pytest.fail("RAGEN_JAX_REQUIRE_CHROMIUM=1 but Chromium is missing (apt-get install chromium)")
-  pytest.skip("Chromium is not installed (Debian: apt-get install chromium); "
-              "set RAGEN_JAX_REQUIRE_CHROMIUM=1 to make this a failure")
+  pytest.skip(
+      "Chromium is not installed (Debian: apt-get install chromium); "
+      "set RAGEN_JAX_REQUIRE_CHROMIUM=1 to make this a failure"
+  )
 
 
 def _headless(chromium, tmp_path, url, *args):
   """Runs headless Chromium on `url` with the page's scripts given time; returns stdout."""
-  cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-         "--no-first-run", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", "--disable-dev-shm-usage", "--hide-scrollbars",
-         f"--user-data-dir={tmp_path / 'chromium_profile'}", "--virtual-time-budget=5000",
-         "--window-size=1280,1200", *args, url]
+  cmd = [
+      chromium,
+      "--headless",
+      "--no-sandbox",
+      "--disable-gpu",
+      "--disable-quic",
+      "--no-first-run",
+      "--disable-background-networking",
+      "--disable-component-update",
+      "--disable-sync",
+      "--disable-dev-shm-usage",
+      "--hide-scrollbars",
+      f"--user-data-dir={tmp_path / 'chromium_profile'}",
+      "--virtual-time-budget=5000",
+      "--window-size=1280,1200",
+      *args,
+      url,
+  ]
   try:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
   except subprocess.TimeoutExpired:
@@ -232,11 +292,18 @@ def test_chromium_buttons_keys_and_filters(tmp_path):
 def test_cli_builds_a_page_from_jsonl(tmp_path):
   jsonl = tmp_path / "eval" / "step_5.jsonl"
   jsonl.parent.mkdir()
-  jsonl.write_text("".join(json.dumps(ep, ensure_ascii=False) + "\n"
-                           for ep in [_known(), _third()]) + "\n", encoding="utf-8")
+  jsonl.write_text(
+      "".join(json.dumps(ep, ensure_ascii=False) + "\n" for ep in [_known(), _third()]) + "\n",
+      encoding="utf-8",
+  )
   out = tmp_path / "pages" / "five.html"
-  proc = subprocess.run([sys.executable, "-m", "ragen_jax.viewer", str(jsonl), f"--out={out}"],
-                        capture_output=True, text=True, timeout=300, check=False)
+  proc = subprocess.run(
+      [sys.executable, "-m", "ragen_jax.viewer", str(jsonl), f"--out={out}"],
+      capture_output=True,
+      text=True,
+      timeout=300,
+      check=False,
+  )
   assert proc.returncode == 0, proc.stderr
   assert "2 trajectories" in proc.stdout
   text = out.read_text(encoding="utf-8")

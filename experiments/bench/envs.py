@@ -13,6 +13,7 @@ The peer lives in the benchmark's own environment:
   /tmp/benchenv/bin/python experiments/bench/envs.py
 FrozenLake and Bandit are timed too (ours only: their peers are trivial Python).
 """
+
 import argparse
 import random
 import time
@@ -52,14 +53,16 @@ def ours(env, batch, scan_steps=100):
 
   def rollout(states, actions):
     def body(s, a):
-      s, r, d, _ = jax.vmap(env.step)(keys, s, a)
+      s, r, _, _ = jax.vmap(env.step)(keys, s, a)
       return s, r
+
     return jax.lax.scan(body, states, actions)
 
   scanned = jax.jit(rollout)
   call_rate = _best_rate(one_call, batch)
-  scan_rate = _best_rate(lambda: jax.block_until_ready(scanned(states, actions)),
-                         batch * scan_steps)
+  scan_rate = _best_rate(
+      lambda: jax.block_until_ready(scanned(states, actions)), batch * scan_steps
+  )
   return gen_rate, call_rate, scan_rate
 
 
@@ -102,16 +105,21 @@ def main():
   parser.add_argument("--batches", default="1,16,256,4096")
   args = parser.parse_args()
   batches = [int(b) for b in args.batches.split(",")]
-  print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}, "
-        f"{len(jax.devices())} device(s)")
+  print(
+      f"jax {jax.__version__} on {jax.devices()[0].device_kind}, " f"{len(jax.devices())} device(s)"
+  )
   peer = gym_sokoban_rates()
   if peer:
-    print(f"gym-sokoban 6x6/1 box: {peer[0]:,.0f} levels/s, {peer[1]:,.0f} steps/s "
-          f"(step without rendering)")
+    print(
+        f"gym-sokoban 6x6/1 box: {peer[0]:,.0f} levels/s, {peer[1]:,.0f} steps/s "
+        f"(step without rendering)"
+    )
   else:
     print("gym-sokoban not installed: ratios omitted (see the module docstring).")
-  print("| env | batch | levels/s | steps/s (one call per step) | steps/s (scan of 100) "
-        "| gen ratio | step ratio (call) | step ratio (scan) |")
+  print(
+      "| env | batch | levels/s | steps/s (one call per step) | steps/s (scan of 100) "
+      "| gen ratio | step ratio (call) | step ratio (scan) |"
+  )
   print("|---|---|---|---|---|---|---|---|")
   for name in ("sokoban", "frozenlake", "bandit"):
     env = envs.make(name)
@@ -120,8 +128,12 @@ def main():
       ratios = ("-", "-", "-")
       if peer and name == "sokoban":
         ratios = (f"{gen / peer[0]:,.1f}x", f"{call / peer[1]:,.1f}x", f"{scan / peer[1]:,.1f}x")
-      print(f"| {name} | {batch} | {gen:,.0f} | {call:,.0f} | {scan:,.0f} | "
-            + " | ".join(ratios) + " |", flush=True)
+      print(
+          f"| {name} | {batch} | {gen:,.0f} | {call:,.0f} | {scan:,.0f} | "
+          + " | ".join(ratios)
+          + " |",
+          flush=True,
+      )
 
 
 if __name__ == "__main__":

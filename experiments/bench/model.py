@@ -11,6 +11,7 @@ up, then timed over `--iters` alternating calls (median). Prints tokens/s, the
 ratio, and the max |logit difference| as a check that both compute the same
 thing.
 """
+
 import argparse
 import os
 import statistics
@@ -30,9 +31,15 @@ from ragen_jax import models
 CONFIGS = {
     "tiny": models.get_config("tiny"),
     "mid": models.ModelConfig(
-        vocab_size=32768, hidden_size=512, intermediate_size=1536,
-        num_layers=8, num_heads=8, num_kv_heads=2, rope_theta=1e6,
-        tie_word_embeddings=True),
+        vocab_size=32768,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_layers=8,
+        num_heads=8,
+        num_kv_heads=2,
+        rope_theta=1e6,
+        tie_word_embeddings=True,
+    ),
 }
 
 
@@ -54,8 +61,7 @@ def _time_interleaved(fn_a, fn_b, iters: int) -> tuple[float, float]:
   return statistics.median(times_a), statistics.median(times_b)
 
 
-def bench(name: str, config: models.ModelConfig, batch: int, length: int,
-          iters: int) -> dict:
+def bench(name: str, config: models.ModelConfig, batch: int, length: int, iters: int) -> dict:
   """Returns tokens/s of both implementations on one config."""
   torch.manual_seed(0)
   hf_config = transformers.Qwen2Config(**config.to_hf_dict())
@@ -69,8 +75,9 @@ def bench(name: str, config: models.ModelConfig, batch: int, length: int,
   def forward(state, ids_BxT):
     return nnx.merge(graphdef, state)(ids_BxT)
 
-  ids_BxT = np.random.default_rng(0).integers(
-      0, config.vocab_size, (batch, length)).astype(np.int32)
+  ids_BxT = (
+      np.random.default_rng(0).integers(0, config.vocab_size, (batch, length)).astype(np.int32)
+  )
   ids_jax, ids_torch = jnp.asarray(ids_BxT), torch.from_numpy(ids_BxT).long()
 
   def run_ours():
@@ -83,9 +90,16 @@ def bench(name: str, config: models.ModelConfig, batch: int, length: int,
   diff = float(np.max(np.abs(np.asarray(run_ours()) - run_hf().numpy())))
   t_ours, t_hf = _time_interleaved(run_ours, run_hf, iters)
   tokens = batch * length
-  return dict(name=name, params=models.num_params(config), batch=batch,
-              length=length, ours=tokens / t_ours, hf=tokens / t_hf,
-              ratio=t_hf / t_ours, max_diff=diff)
+  return dict(
+      name=name,
+      params=models.num_params(config),
+      batch=batch,
+      length=length,
+      ours=tokens / t_ours,
+      hf=tokens / t_hf,
+      ratio=t_hf / t_ours,
+      max_diff=diff,
+  )
 
 
 def main():
@@ -95,18 +109,25 @@ def main():
   parser.add_argument("--iters", type=int, default=7)
   parser.add_argument("--configs", default="tiny,mid")
   args = parser.parse_args()
-  print(f"jax {jax.__version__} ({jax.default_backend()}, "
-        f"{os.cpu_count()} cpus), torch {torch.__version__} "
-        f"({torch.get_num_threads()} threads), transformers "
-        f"{transformers.__version__}")
-  print("| config | params | batch x length | ragen_jax tok/s | "
-        "transformers tok/s | ratio | max abs logit diff |")
+  print(
+      f"jax {jax.__version__} ({jax.default_backend()}, "
+      f"{os.cpu_count()} cpus), torch {torch.__version__} "
+      f"({torch.get_num_threads()} threads), transformers "
+      f"{transformers.__version__}"
+  )
+  print(
+      "| config | params | batch x length | ragen_jax tok/s | "
+      "transformers tok/s | ratio | max abs logit diff |"
+  )
   print("| --- | --- | --- | --- | --- | --- | --- |")
   for name in args.configs.split(","):
     r = bench(name, CONFIGS[name], args.batch, args.length, args.iters)
-    print(f"| {r['name']} | {r['params'] / 1e6:.1f}M | {r['batch']} x "
-          f"{r['length']} | {r['ours']:,.0f} | {r['hf']:,.0f} | "
-          f"{r['ratio']:.2f}x | {r['max_diff']:.1e} |", flush=True)
+    print(
+        f"| {r['name']} | {r['params'] / 1e6:.1f}M | {r['batch']} x "
+        f"{r['length']} | {r['ours']:,.0f} | {r['hf']:,.0f} | "
+        f"{r['ratio']:.2f}x | {r['max_diff']:.1e} |",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

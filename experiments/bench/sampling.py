@@ -22,6 +22,7 @@ jitted batched step, host rendering) and host (tokenisation, parsing, bookkeepin
 and the prefill tokens of KV-cache appending vs re-encoding the history every turn.
 Dimension legend: B batch, N new tokens.
 """
+
 import argparse
 import json
 import statistics
@@ -65,29 +66,43 @@ def bench_decode(model, hf, batch, prompt, new, iters):
   ids_BxT = rng.integers(10, vocab, size=(batch, prompt)).astype(np.int32)
   mask_BxT = np.ones_like(ids_BxT)
   for row in range(batch):  # left padding of 0 .. prompt/4 tokens
-    mask_BxT[row, :rng.integers(0, prompt // 4 + 1)] = 0
+    mask_BxT[row, : rng.integers(0, prompt // 4 + 1)] = 0
   dev = hf.device
   ids_t = torch.tensor(ids_BxT, dtype=torch.long, device=dev)
   mask_t = torch.tensor(mask_BxT, device=dev)
   key = jax.random.key(0)
 
   def ours(n):
-    return lambda: jax.block_until_ready(sampling.generate(
-        model, ids_BxT, mask_BxT, key=key, max_new_tokens=n, temperature=0.0).tokens)
+    return lambda: jax.block_until_ready(
+        sampling.generate(
+            model, ids_BxT, mask_BxT, key=key, max_new_tokens=n, temperature=0.0
+        ).tokens
+    )
 
   def theirs(n):
     def run():
       with torch.inference_mode():
-        out = hf.generate(input_ids=ids_t, attention_mask=mask_t, do_sample=False,
-                          max_new_tokens=n, min_new_tokens=n, pad_token_id=0,
-                          eos_token_id=None, top_k=None, top_p=None, temperature=None)
+        out = hf.generate(
+            input_ids=ids_t,
+            attention_mask=mask_t,
+            do_sample=False,
+            max_new_tokens=n,
+            min_new_tokens=n,
+            pad_token_id=0,
+            eos_token_id=None,
+            top_k=None,
+            top_p=None,
+            temperature=None,
+        )
       _sync()
       return out
+
     return run
 
   short = max(new // 4, 2)
   ours_pre, theirs_pre, ours_short, theirs_short, ours_gen, theirs_gen = _median_interleaved(
-      [ours(1), theirs(1), ours(short), theirs(short), ours(new), theirs(new)], iters)
+      [ours(1), theirs(1), ours(short), theirs(short), ours(new), theirs(new)], iters
+  )
   # Same tokens on both sides (a check that the comparison is apples to apples). In bfloat16
   # the two sides' kernels round differently, so a greedy path may fork at a near-tie: report
   # the share of rows that agree in full and of tokens before each row's first difference.
@@ -98,11 +113,18 @@ def bench_decode(model, hf, batch, prompt, new, iters):
   same = f"{np.mean(first == new):.2f} rows, {np.mean(first) / new:.2f} tokens"
   real = int(mask_BxT.sum())
   # Decode rate from two lengths: prefill and per-call overheads cancel.
-  row = dict(batch=batch, prompt=prompt, new=new,
-             ours_prefill_tok_s=real / ours_pre, hf_prefill_tok_s=real / theirs_pre,
-             ours_decode_tok_s=batch * (new - short) / max(ours_gen - ours_short, 1e-9),
-             hf_decode_tok_s=batch * (new - short) / max(theirs_gen - theirs_short, 1e-9),
-             ours_generate_s=ours_gen, hf_generate_s=theirs_gen, same_tokens=same)
+  row = dict(
+      batch=batch,
+      prompt=prompt,
+      new=new,
+      ours_prefill_tok_s=real / ours_pre,
+      hf_prefill_tok_s=real / theirs_pre,
+      ours_decode_tok_s=batch * (new - short) / max(ours_gen - ours_short, 1e-9),
+      hf_decode_tok_s=batch * (new - short) / max(theirs_gen - theirs_short, 1e-9),
+      ours_generate_s=ours_gen,
+      hf_generate_s=theirs_gen,
+      same_tokens=same,
+  )
   row["decode_speedup"] = row["ours_decode_tok_s"] / row["hf_decode_tok_s"]
   row["prefill_speedup"] = row["ours_prefill_tok_s"] / row["hf_prefill_tok_s"]
   return row
@@ -110,9 +132,15 @@ def bench_decode(model, hf, batch, prompt, new, iters):
 
 def bench_rollout(model, new_tokens, context):
   tok = tokenizers.load("sentencepiece")
-  config = rollout.RolloutConfig(env_groups=8, group_size=16, max_turns=5,
-                                 max_new_tokens=new_tokens, max_context=context,
-                                 render_format="grid_coord", max_tokens_hint=120)
+  config = rollout.RolloutConfig(
+      env_groups=8,
+      group_size=16,
+      max_turns=5,
+      max_new_tokens=new_tokens,
+      max_context=context,
+      render_format="grid_coord",
+      max_tokens_hint=120,
+  )
   engine = rollout.Rollout(envs.make("sokoban"), tok, config)
   start = time.perf_counter()
   engine.run(model, jax.random.key(0), seed=10000)  # compiles
@@ -138,37 +166,48 @@ def main():
   parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
   args = parser.parse_args()
 
-  model = models.create(args.preset, jax.random.key(0), dtype=jnp.dtype(args.dtype),
-                        param_dtype=jnp.dtype(args.dtype))
+  model = models.create(
+      args.preset, jax.random.key(0), dtype=jnp.dtype(args.dtype), param_dtype=jnp.dtype(args.dtype)
+  )
   dev = "cuda" if torch.cuda.is_available() else "cpu"
   with tempfile.TemporaryDirectory() as tmp:
     models.save_hf(model, tmp)
-    hf = transformers.Qwen2ForCausalLM.from_pretrained(
-        tmp, dtype=getattr(torch, args.dtype)).eval().to(dev)
-  print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}; torch {torch.__version__} "
-        f"on {dev} ({torch.get_num_threads()} threads); preset {args.preset} "
-        f"({models.num_params(model.config) / 1e6:.1f}M params), {args.dtype}")
-  print("| batch | prompt | new | prefill tok/s ours | prefill tok/s HF | decode tok/s ours "
-        "| decode tok/s HF | decode speed-up | generate s ours / HF | same tokens |")
+    hf = (
+        transformers.Qwen2ForCausalLM.from_pretrained(tmp, dtype=getattr(torch, args.dtype))
+        .eval()
+        .to(dev)
+    )
+  print(
+      f"jax {jax.__version__} on {jax.devices()[0].device_kind}; torch {torch.__version__} "
+      f"on {dev} ({torch.get_num_threads()} threads); preset {args.preset} "
+      f"({models.num_params(model.config) / 1e6:.1f}M params), {args.dtype}"
+  )
+  print(
+      "| batch | prompt | new | prefill tok/s ours | prefill tok/s HF | decode tok/s ours "
+      "| decode tok/s HF | decode speed-up | generate s ours / HF | same tokens |"
+  )
   print("|---|---|---|---|---|---|---|---|---|---|")
   for batch in [int(b) for b in args.batches.split(",")]:
     r = bench_decode(model, hf, batch, args.prompt, args.new, args.iters)
-    print(f"| {batch} | {args.prompt} | {args.new} | {r['ours_prefill_tok_s']:,.0f} | "
-          f"{r['hf_prefill_tok_s']:,.0f} | {r['ours_decode_tok_s']:,.0f} | "
-          f"{r['hf_decode_tok_s']:,.0f} | {r['decode_speedup']:.1f}x | "
-          f"{r['ours_generate_s']:.2f} / {r['hf_generate_s']:.2f} | {r['same_tokens']} |")
+    print(
+        f"| {batch} | {args.prompt} | {args.new} | {r['ours_prefill_tok_s']:,.0f} | "
+        f"{r['hf_prefill_tok_s']:,.0f} | {r['ours_decode_tok_s']:,.0f} | "
+        f"{r['hf_decode_tok_s']:,.0f} | {r['decode_speedup']:.1f}x | "
+        f"{r['ours_generate_s']:.2f} / {r['hf_generate_s']:.2f} | {r['same_tokens']} |"
+    )
   if args.skip_rollout:
     return
   s = bench_rollout(model, args.rollout_new, args.rollout_context)
-  print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in s.items()},
-                   indent=1))
-  print(f"rollout {s['episodes']} episodes x <= 5 turns, {args.rollout_new} new tokens/turn: "
-        f"total {s['total_s']:.1f}s = decode {s['decode_s']:.1f}s + env {s['env_s']:.1f}s + "
-        f"host {s['host_s']:.1f}s (first, compiling: {s['first_rollout_s']:.1f}s); "
-        f"{s['generated_tokens']:.0f} sampled tokens, {s['sampled_tok_s']:,.0f} tok/s; prefill "
-        f"tokens appended {s['prefill_tokens_append']:.0f} vs re-encoded "
-        f"{s['prefill_tokens_reencode']:.0f} "
-        f"({s['prefill_tokens_reencode'] / s['prefill_tokens_append']:.1f}x)")
+  print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in s.items()}, indent=1))
+  print(
+      f"rollout {s['episodes']} episodes x <= 5 turns, {args.rollout_new} new tokens/turn: "
+      f"total {s['total_s']:.1f}s = decode {s['decode_s']:.1f}s + env {s['env_s']:.1f}s + "
+      f"host {s['host_s']:.1f}s (first, compiling: {s['first_rollout_s']:.1f}s); "
+      f"{s['generated_tokens']:.0f} sampled tokens, {s['sampled_tok_s']:,.0f} tok/s; prefill "
+      f"tokens appended {s['prefill_tokens_append']:.0f} vs re-encoded "
+      f"{s['prefill_tokens_reencode']:.0f} "
+      f"({s['prefill_tokens_reencode'] / s['prefill_tokens_append']:.1f}x)"
+  )
 
 
 if __name__ == "__main__":

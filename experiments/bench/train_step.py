@@ -19,6 +19,7 @@ parameters plus the D·V unembedding; backward = 2 x forward. Prints a markdown 
 
 Dimensions: B episodes, T tokens, D hidden, V vocabulary, L layers.
 """
+
 import argparse
 import os
 import time
@@ -43,33 +44,41 @@ def matmul_peak(n, reps, dtype=jnp.float32):
     t0 = time.perf_counter()
     f(a, b).block_until_ready()
     best = min(best, time.perf_counter() - t0)
-  return 2.0 * n ** 3 / best
+  return 2.0 * n**3 / best
 
 
 def forward_flops(cfg, batch, seq):
   """Analytic forward FLOPs of the causal LM on batch x seq tokens (logits included)."""
-  d, f, h, k, dh = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
-                    cfg.head_dim)
+  d, f, h, k, dh = (
+      cfg.hidden_size,
+      cfg.intermediate_size,
+      cfg.num_heads,
+      cfg.num_kv_heads,
+      cfg.head_dim,
+  )
   per_layer = d * h * dh + 2 * d * k * dh + h * dh * d + 3 * d * f
   matmul_params = cfg.num_layers * per_layer + d * cfg.vocab_size
-  attention = 4 * cfg.num_layers * seq * h * dh      # QKᵀ and AV over the full square
+  attention = 4 * cfg.num_layers * seq * h * dh  # QKᵀ and AV over the full square
   return batch * seq * (2 * matmul_params + attention)
 
 
 def make_batch(b, t, vocab, group):
   rng = np.random.RandomState(0)
   loss = np.zeros((b, t), np.int32)
-  loss[:, t // 4:] = 1
-  loss[:, t // 2:t // 2 + 8] = 0                     # an observation block inside the response
+  loss[:, t // 4 :] = 1
+  loss[:, t // 2 : t // 2 + 8] = 0  # an observation block inside the response
   scores = rng.randint(0, 3, b).astype(np.float32)
   rewards = np.zeros((b, t), np.float32)
   rewards[:, -1] = scores
-  return RolloutBatch(tokens_BxT=jnp.asarray(rng.randint(0, vocab, (b, t)), jnp.int32),
-                      attention_mask_BxT=jnp.ones((b, t), jnp.int32),
-                      loss_mask_BxT=jnp.asarray(loss), logprobs_BxT=jnp.zeros((b, t)),
-                      token_rewards_BxT=jnp.asarray(rewards),
-                      group_ids_B=jnp.asarray(np.arange(b) // group, jnp.int32),
-                      scores_B=jnp.asarray(scores))
+  return RolloutBatch(
+      tokens_BxT=jnp.asarray(rng.randint(0, vocab, (b, t)), jnp.int32),
+      attention_mask_BxT=jnp.ones((b, t), jnp.int32),
+      loss_mask_BxT=jnp.asarray(loss),
+      logprobs_BxT=jnp.zeros((b, t)),
+      token_rewards_BxT=jnp.asarray(rewards),
+      group_ids_B=jnp.asarray(np.arange(b) // group, jnp.int32),
+      scores_B=jnp.asarray(scores),
+  )
 
 
 def interleaved(run_once, steps, matmul_n, dtype=jnp.float32):
@@ -109,14 +118,16 @@ def time_jax_step(model_cfg, ppo_cfg, batch, steps, matmul_n):
 def time_jax_fwd_bwd(model_cfg, batch, steps, matmul_n, vocab_chunk):
   """Gradient of the summed token log-probs alone: the same work as the PyTorch baseline."""
   from flax import nnx  # pylint: disable=g-import-not-at-top
+
   actor = models.create(model_cfg, jax.random.key(0))
   graphdef, params, rest = nnx.split(actor, nnx.Param, ...)
 
   def loss(params, tokens):
     model = nnx.merge(graphdef, params, rest)
     hidden_BxTxD, _ = model.backbone(tokens)
-    logp, _ = algos.sequence_logprobs(hidden_BxTxD, model.unembed_kernel(), tokens, vocab_chunk,
-                                      with_entropy=False)
+    logp, _ = algos.sequence_logprobs(
+        hidden_BxTxD, model.unembed_kernel(), tokens, vocab_chunk, with_entropy=False
+    )
     return -jnp.mean(logp)
 
   grad_fn = jax.jit(jax.value_and_grad(loss))
@@ -131,13 +142,19 @@ def time_jax_fwd_bwd(model_cfg, batch, steps, matmul_n, vocab_chunk):
 def time_torch(model_cfg, batch, steps, matmul_n):
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
+
   torch.set_num_threads(os.cpu_count())
   hf = transformers.Qwen2Config(
-      vocab_size=model_cfg.vocab_size, hidden_size=model_cfg.hidden_size,
-      intermediate_size=model_cfg.intermediate_size, num_hidden_layers=model_cfg.num_layers,
-      num_attention_heads=model_cfg.num_heads, num_key_value_heads=model_cfg.num_kv_heads,
-      rope_theta=model_cfg.rope_theta, tie_word_embeddings=model_cfg.tie_word_embeddings,
-      max_position_embeddings=model_cfg.max_position_embeddings)
+      vocab_size=model_cfg.vocab_size,
+      hidden_size=model_cfg.hidden_size,
+      intermediate_size=model_cfg.intermediate_size,
+      num_hidden_layers=model_cfg.num_layers,
+      num_attention_heads=model_cfg.num_heads,
+      num_key_value_heads=model_cfg.num_kv_heads,
+      rope_theta=model_cfg.rope_theta,
+      tie_word_embeddings=model_cfg.tie_word_embeddings,
+      max_position_embeddings=model_cfg.max_position_embeddings,
+  )
   hf._attn_implementation = "sdpa"  # pylint: disable=protected-access
   dev = "cuda" if torch.cuda.is_available() else "cpu"
   model = transformers.Qwen2ForCausalLM(hf).float().train().to(dev)
@@ -154,7 +171,7 @@ def time_torch(model_cfg, batch, steps, matmul_n):
     if dev == "cuda":
       torch.cuda.synchronize()
 
-  run_once(-1)   # warm-up
+  run_once(-1)  # warm-up
   return interleaved(run_once, steps, matmul_n, model_cfg.dtype)
 
 
@@ -174,8 +191,12 @@ def main():
   p.add_argument("--matmul_n", type=int, default=2048)
   p.add_argument("--skip_ppo", action="store_true")
   p.add_argument("--preset", default=None, help="a models.PRESETS name; replaces the sizes above")
-  p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
-                 help="compute dtype (parameters and optimizer states stay float32)")
+  p.add_argument(
+      "--dtype",
+      default="float32",
+      choices=("float32", "bfloat16"),
+      help="compute dtype (parameters and optimizer states stay float32)",
+  )
   p.add_argument("--remat", action="store_true", help="recompute each layer in the backward")
   p.add_argument("--micro_batches", type=int, default=1)
   args = p.parse_args()
@@ -185,46 +206,73 @@ def main():
     model_cfg = models.get_config(args.preset, **numerics)
   else:
     model_cfg = models.ModelConfig(
-        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
-        num_layers=args.layers, num_heads=args.heads, num_kv_heads=args.kv_heads,
-        rope_theta=1e4, **numerics)
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_layers=args.layers,
+        num_heads=args.heads,
+        num_kv_heads=args.kv_heads,
+        rope_theta=1e4,
+        **numerics,
+    )
   batch = make_batch(args.batch, args.seq, model_cfg.vocab_size, args.group)
   tokens = args.batch * args.seq
   fwd = forward_flops(model_cfg, args.batch, args.seq)
-  print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}, {os.cpu_count()} cpus; "
-        f"params {models.num_params(model_cfg) / 1e6:.1f}M; B={args.batch} T={args.seq} "
-        f"D={model_cfg.hidden_size} L={model_cfg.num_layers} V={model_cfg.vocab_size}; "
-        f"{args.dtype}{' remat' if args.remat else ''}; tokens/step {tokens}")
+  print(
+      f"device: {jax.devices()[0].device_kind} x{jax.device_count()}, {os.cpu_count()} cpus; "
+      f"params {models.num_params(model_cfg) / 1e6:.1f}M; B={args.batch} T={args.seq} "
+      f"D={model_cfg.hidden_size} L={model_cfg.num_layers} V={model_cfg.vocab_size}; "
+      f"{args.dtype}{' remat' if args.remat else ''}; tokens/step {tokens}"
+  )
 
-  header = (f"| run | s/step | tokens/s | GFLOP/step | GFLOP/s | matmul peak GFLOP/s "
-            f"({args.dtype} {args.matmul_n}^2) | % of peak | note |\n"
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+  header = (
+      f"| run | s/step | tokens/s | GFLOP/step | GFLOP/s | matmul peak GFLOP/s "
+      f"({args.dtype} {args.matmul_n}^2) | % of peak | note |\n"
+      "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+  )
   print(header, flush=True)
 
   def report(name, sec, peak, pairs, flops, note):
-    frac = np.median([flops / s / p for s, p in pairs])   # per-step ratio to its adjacent peak
-    line = (f"| {name} | {sec:.3f} | {tokens / sec:,.0f} | {flops / 1e9:.1f} | "
-            f"{flops / sec / 1e9:.1f} | {peak / 1e9:.1f} | {100 * frac:.0f}% | {note} |")
-    print(line, flush=True)    # as soon as measured: a later row may fail (memory)
+    frac = np.median([flops / s / p for s, p in pairs])  # per-step ratio to its adjacent peak
+    line = (
+        f"| {name} | {sec:.3f} | {tokens / sec:,.0f} | {flops / 1e9:.1f} | "
+        f"{flops / sec / 1e9:.1f} | {peak / 1e9:.1f} | {100 * frac:.0f}% | {note} |"
+    )
+    print(line, flush=True)  # as soon as measured: a later row may fail (memory)
     rows.append(line)
 
-  common = {"num_minibatches": 1, "micro_batches": args.micro_batches,
-            "vocab_chunk": args.vocab_chunk,
-            "entropy_coeff": 0.001}
+  common = {
+      "num_minibatches": 1,
+      "micro_batches": args.micro_batches,
+      "vocab_chunk": args.vocab_chunk,
+      "entropy_coeff": 0.001,
+  }
   rows = []
-  runs = [("jax step, actor only (grpo)", algos.PPOConfig(adv_estimator="grpo", **common),
-           fwd + 3 * fwd)]
+  runs = [
+      (
+          "jax step, actor only (grpo)",
+          algos.PPOConfig(adv_estimator="grpo", **common),
+          fwd + 3 * fwd,
+      )
+  ]
   if not args.skip_ppo:
-    runs.append(("jax step, PPO + separate critic (gae)", algos.PPOConfig(**common),
-                 2 * (fwd + 3 * fwd)))
+    runs.append(
+        ("jax step, PPO + separate critic (gae)", algos.PPOConfig(**common), 2 * (fwd + 3 * fwd))
+    )
   for name, ppo_cfg, flops in runs:
-    sec, peak, pairs, compile_s = time_jax_step(model_cfg, ppo_cfg, batch, args.steps,
-                                                args.matmul_n)
+    sec, peak, pairs, compile_s = time_jax_step(
+        model_cfg, ppo_cfg, batch, args.steps, args.matmul_n
+    )
     report(name, sec, peak, pairs, flops, f"compile {compile_s:.0f} s")
-  sec, peak, pairs = time_jax_fwd_bwd(model_cfg, batch, args.steps, args.matmul_n,
-                                      args.vocab_chunk)
-  report("jax fwd+bwd only (same work as torch row)", sec, peak, pairs, 3 * fwd,
-         "chunked log-prob loss")
+  sec, peak, pairs = time_jax_fwd_bwd(model_cfg, batch, args.steps, args.matmul_n, args.vocab_chunk)
+  report(
+      "jax fwd+bwd only (same work as torch row)",
+      sec,
+      peak,
+      pairs,
+      3 * fwd,
+      "chunked log-prob loss",
+  )
   sec, peak, pairs = time_torch(model_cfg, batch, args.steps, args.matmul_n)
   report("torch fwd+bwd Qwen2ForCausalLM", sec, peak, pairs, 3 * fwd, "transformers, sdpa")
   print("\n" + header + "\n" + "\n".join(rows))

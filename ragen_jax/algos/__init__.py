@@ -3,6 +3,7 @@
 Pure jnp functions (jit-able, each documented with its formula) plus the donated train step.
 Shapes follow `ragen_jax.batch`: B episodes, T tokens.
 """
+
 from ragen_jax.algos.advantages import brpo_advantages
 from ragen_jax.algos.advantages import compute_gae
 from ragen_jax.algos.advantages import explained_variance

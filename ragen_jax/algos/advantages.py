@@ -9,11 +9,12 @@ Dimensions:
 
 Names carry their shape as a suffix: `mask_BxT` is [B, T], `scores_B` is [B].
 """
+
 from jax import lax
 import jax.numpy as jnp
 
-WHITEN_EPS = 1e-8   # inside the rsqrt of masked_whiten, and in masked_mean's denominator
-GRPO_EPS = 1e-6     # added to the group standard deviation (not to the variance)
+WHITEN_EPS = 1e-8  # inside the rsqrt of masked_whiten, and in masked_mean's denominator
+GRPO_EPS = 1e-6  # added to the group standard deviation (not to the variance)
 
 
 def masked_sum(x, mask):

@@ -5,6 +5,7 @@ maps onto this dataclass. Every invalid combination raises a ValueError naming t
 
 Dimensions: none here (scalars only); B in `check_batch` is the number of episodes.
 """
+
 import dataclasses
 
 from ragen_jax.algos.filtering import STRATEGIES
@@ -47,6 +48,7 @@ class PPOConfig:
       keeps everything (RAGEN's default).
     vocab_chunk: vocabulary chunk of the log-prob / entropy computation.
   """
+
   adv_estimator: str = "gae"
   gamma: float = 1.0
   lam: float = 1.0
@@ -86,38 +88,61 @@ class PPOConfig:
     def check(ok, msg):
       if not ok:
         raise ValueError(f"PPOConfig: {msg}")
-    check(self.adv_estimator in ADV_ESTIMATORS,
-          f"adv_estimator must be one of {ADV_ESTIMATORS}, got {self.adv_estimator!r}")
-    check(0.0 <= self.gamma <= 1.0 and 0.0 <= self.lam <= 1.0,
-          f"gamma and lam must lie in [0, 1], got {self.gamma}, {self.lam}")
+
+    check(
+        self.adv_estimator in ADV_ESTIMATORS,
+        f"adv_estimator must be one of {ADV_ESTIMATORS}, got {self.adv_estimator!r}",
+    )
+    check(
+        0.0 <= self.gamma <= 1.0 and 0.0 <= self.lam <= 1.0,
+        f"gamma and lam must lie in [0, 1], got {self.gamma}, {self.lam}",
+    )
     check(0.0 < self.clip_low < 1.0, f"clip_low must lie in (0, 1), got {self.clip_low}")
     check(self.clip_high > 0.0, f"clip_high must be > 0, got {self.clip_high}")
     check(self.clip_c > 1.0, f"clip_c (dual clip) must be > 1, got {self.clip_c}")
     check(self.agg_mode in AGG_MODES, f"agg_mode must be one of {AGG_MODES}, got {self.agg_mode!r}")
-    check(self.loss_scale_factor is None or self.loss_scale_factor > 0,
-          f"loss_scale_factor must be None or > 0, got {self.loss_scale_factor}")
+    check(
+        self.loss_scale_factor is None or self.loss_scale_factor > 0,
+        f"loss_scale_factor must be None or > 0, got {self.loss_scale_factor}",
+    )
     check(self.kl_type in KL_KINDS, f"kl_type must be one of {KL_KINDS}, got {self.kl_type!r}")
-    check(self.entropy_coeff >= 0.0 and self.kl_coef >= 0.0,
-          "entropy_coeff and kl_coef must be >= 0")
+    check(
+        self.entropy_coeff >= 0.0 and self.kl_coef >= 0.0, "entropy_coeff and kl_coef must be >= 0"
+    )
     for name in ("ppo_epochs", "num_minibatches", "micro_batches", "vocab_chunk"):
       value = getattr(self, name)
       check(isinstance(value, int) and value >= 1, f"{name} must be a positive int, got {value!r}")
     for name in ("actor_lr", "critic_lr", "grad_clip", "value_clip", "temperature"):
       check(getattr(self, name) > 0.0, f"{name} must be > 0, got {getattr(self, name)}")
     check(self.weight_decay >= 0.0, f"weight_decay must be >= 0, got {self.weight_decay}")
-    check(self.critic in ("separate", "shared"),
-          f"critic must be 'separate' or 'shared', got {self.critic!r}")
-    check(self.filter_strategy in STRATEGIES,
-          f"filter_strategy must be one of {STRATEGIES}, got {self.filter_strategy!r}")
-    check(self.filter_metric in FILTER_METRICS,
-          f"filter_metric must be one of {FILTER_METRICS}, got {self.filter_metric!r}")
-    check(self.filter_type in ("largest", "smallest"),
-          f"filter_type must be 'largest' or 'smallest', got {self.filter_type!r}")
-    check(self.filter_prob_mode in ("linear", "softmax"),
-          f"filter_prob_mode must be 'linear' or 'softmax', got {self.filter_prob_mode!r}")
-    check(not (self.filter_strategy == "top_p" and self.filter_prob_mode == "linear"
-               and self.filter_type == "smallest"),
-          "top_p in linear mode supports filter_type='largest' only")
+    check(
+        self.critic in ("separate", "shared"),
+        f"critic must be 'separate' or 'shared', got {self.critic!r}",
+    )
+    check(
+        self.filter_strategy in STRATEGIES,
+        f"filter_strategy must be one of {STRATEGIES}, got {self.filter_strategy!r}",
+    )
+    check(
+        self.filter_metric in FILTER_METRICS,
+        f"filter_metric must be one of {FILTER_METRICS}, got {self.filter_metric!r}",
+    )
+    check(
+        self.filter_type in ("largest", "smallest"),
+        f"filter_type must be 'largest' or 'smallest', got {self.filter_type!r}",
+    )
+    check(
+        self.filter_prob_mode in ("linear", "softmax"),
+        f"filter_prob_mode must be 'linear' or 'softmax', got {self.filter_prob_mode!r}",
+    )
+    check(
+        not (
+            self.filter_strategy == "top_p"
+            and self.filter_prob_mode == "linear"
+            and self.filter_type == "smallest"
+        ),
+        "top_p in linear mode supports filter_type='largest' only",
+    )
     check(self.filter_value > 0.0, f"filter_value must be > 0, got {self.filter_value}")
     if self.filter_strategy == "min_p":
       check(self.filter_value <= 1.0, "min_p filter_value must lie in (0, 1]")
@@ -129,9 +154,13 @@ class PPOConfig:
   def check_batch(self, batch_size):
     """Raises ValueError unless batch_size splits into minibatches and micro-batches."""
     if batch_size % self.num_minibatches:
-      raise ValueError(f"PPOConfig: batch size {batch_size} is not divisible by "
-                       f"num_minibatches {self.num_minibatches}")
+      raise ValueError(
+          f"PPOConfig: batch size {batch_size} is not divisible by "
+          f"num_minibatches {self.num_minibatches}"
+      )
     mini = batch_size // self.num_minibatches
     if mini % self.micro_batches:
-      raise ValueError(f"PPOConfig: minibatch size {mini} is not divisible by "
-                       f"micro_batches {self.micro_batches}")
+      raise ValueError(
+          f"PPOConfig: minibatch size {mini} is not divisible by "
+          f"micro_batches {self.micro_batches}"
+      )

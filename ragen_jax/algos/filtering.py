@@ -9,12 +9,13 @@ Dimensions:
      i is the first episode carrying that group id, and is invalid otherwise. This represents
      any grouping (ids need not be contiguous or equal-sized) without a dynamic group count.
 """
+
 import jax.numpy as jnp
 
 from ragen_jax.algos.advantages import group_mean_std
 
 STRATEGIES = ("top_p", "top_k", "top_k_abs", "min_p")
-ZERO_SCORE_TOL = 1e-10   # |score| <= this counts as "zero" for include_zero=False
+ZERO_SCORE_TOL = 1e-10  # |score| <= this counts as "zero" for include_zero=False
 
 
 def _rank_G(key_G, cand_G):
@@ -23,8 +24,17 @@ def _rank_G(key_G, cand_G):
   return jnp.zeros_like(order_G).at[order_G].set(jnp.arange(order_G.shape[0])), order_G
 
 
-def filter_groups(group_scores_G, strategy="top_p", value=1.0, *, valid_G=None,
-                  filter_type="largest", include_zero=True, prob_mode="linear", eps=0.01):
+def filter_groups(
+    group_scores_G,
+    strategy="top_p",
+    value=1.0,
+    *,
+    valid_G=None,
+    filter_type="largest",
+    include_zero=True,
+    prob_mode="linear",
+    eps=0.01,
+):
   """RAGEN's rollout filter: which groups to keep.
 
   Candidates are the valid groups, minus those with |s| <= 1e-10 when include_zero is False.
@@ -70,7 +80,7 @@ def filter_groups(group_scores_G, strategy="top_p", value=1.0, *, valid_G=None,
     all_pos_upto = jnp.cumprod((sorted_s > 0).astype(jnp.int32)) > 0
     reached = all_pos_upto & (cum_s >= thr)
     any_reached = jnp.any(reached)
-    stop_pos = jnp.argmax(reached)           # first position where the threshold is reached
+    stop_pos = jnp.argmax(reached)  # first position where the threshold is reached
     return cand_G & any_reached & (rank_G <= stop_pos)
   if strategy == "top_p" and prob_mode == "softmax":
     logits_G = jnp.where(cand_G, key_G, -jnp.inf)
@@ -122,9 +132,18 @@ def group_metric_B(scores_B, group_ids_B, metric="reward_variance"):
   raise ValueError(f"unknown filter metric {metric!r}")
 
 
-def episode_keep_mask(scores_B, group_ids_B, *, metric="reward_variance", strategy="top_p",
-                      value=1.0, filter_type="largest", include_zero=True, prob_mode="linear",
-                      eps=0.01):
+def episode_keep_mask(
+    scores_B,
+    group_ids_B,
+    *,
+    metric="reward_variance",
+    strategy="top_p",
+    value=1.0,
+    filter_type="largest",
+    include_zero=True,
+    prob_mode="linear",
+    eps=0.01,
+):
   """Applies filter_groups to a batch of episodes and broadcasts the decision to episodes.
 
   Returns:
@@ -134,8 +153,16 @@ def episode_keep_mask(scores_B, group_ids_B, *, metric="reward_variance", strate
   """
   first_B = first_of_group_B(group_ids_B)
   stat_B = group_metric_B(scores_B, group_ids_B, metric)
-  keep_slot_B = filter_groups(stat_B, strategy, value, valid_G=first_B, filter_type=filter_type,
-                              include_zero=include_zero, prob_mode=prob_mode, eps=eps)
+  keep_slot_B = filter_groups(
+      stat_B,
+      strategy,
+      value,
+      valid_G=first_B,
+      filter_type=filter_type,
+      include_zero=include_zero,
+      prob_mode=prob_mode,
+      eps=eps,
+  )
   # Every episode follows the decision taken for its group's representative slot.
   same_BxB = group_ids_B[:, None] == group_ids_B[None, :]
   keep_B = jnp.any(same_BxB & keep_slot_B[None, :], axis=1)
@@ -148,4 +175,3 @@ def episode_keep_mask(scores_B, group_ids_B, *, metric="reward_variance", strate
       "filter_kept_count": kept,
   }
   return keep_B, stats
-

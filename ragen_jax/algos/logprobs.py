@@ -9,6 +9,7 @@ Dimensions:
   B: sequences.  T: token positions.  D: hidden size.  V: vocabulary.  C: vocabulary chunk.
   K: number of chunks (V padded up to K·C).  N = B·T flattened positions.
 """
+
 import jax
 from jax import lax
 import jax.numpy as jnp
@@ -16,8 +17,9 @@ import jax.numpy as jnp
 NEG_BIG = -1e30
 
 
-def chunked_logprobs_entropy(hidden_BxTxD, unembed_DxV, targets_BxT, chunk=8192, temperature=1.0,
-                             with_entropy=True):
+def chunked_logprobs_entropy(
+    hidden_BxTxD, unembed_DxV, targets_BxT, chunk=8192, temperature=1.0, with_entropy=True
+):
   """log p(target) and entropy of softmax(h·W / τ), without materialising [B, T, V].
 
   With z = h·W/τ, scanning chunks and carrying per-token running max m, s = Σ e^(z−m),
@@ -36,15 +38,18 @@ def chunked_logprobs_entropy(hidden_BxTxD, unembed_DxV, targets_BxT, chunk=8192,
   w_KxDxC = w_DxV.reshape(w_DxV.shape[0], n_chunks, chunk).transpose(1, 0, 2)
   inv_temp = 1.0 / temperature
   shape_BxT = targets_BxT.shape
-  # A 2-D [B*T, D] matmul: XLA:CPU's backward of the batched einsum form is ~2x slower.
+  # A 2-D [B*T, D] matmul: XLA:CPU's backward of the batched einsum form is slower
+  # (BENCHMARKS.md).
   hidden_NxD = hidden_BxTxD.reshape(-1, hidden_BxTxD.shape[-1])
 
   @jax.checkpoint
   def body(carry, xs):
     m, s, a, tgt = carry
     w_DxC, start = xs
-    z_BxTxC = jnp.matmul(hidden_NxD, w_DxC, preferred_element_type=jnp.float32
-                         ).reshape(*shape_BxT, chunk) * inv_temp
+    z_BxTxC = (
+        jnp.matmul(hidden_NxD, w_DxC, preferred_element_type=jnp.float32).reshape(*shape_BxT, chunk)
+        * inv_temp
+    )
     col_1x1xC = (start + jnp.arange(chunk))[None, None, :]
     # Padded columns carry no mass. A finite floor (not -inf) keeps 0·z and its gradient finite.
     z_BxTxC = jnp.where(col_1x1xC < vocab, z_BxTxC, NEG_BIG)
@@ -58,8 +63,12 @@ def chunked_logprobs_entropy(hidden_BxTxD, unembed_DxV, targets_BxT, chunk=8192,
     tgt = tgt + jnp.sum(jnp.where(hit_BxTxC, z_BxTxC, 0.0), axis=-1)
     return (m_new, s, a, tgt), None
 
-  init = (jnp.full(shape_BxT, NEG_BIG, jnp.float32), jnp.zeros(shape_BxT, jnp.float32),
-          jnp.zeros(shape_BxT, jnp.float32), jnp.zeros(shape_BxT, jnp.float32))
+  init = (
+      jnp.full(shape_BxT, NEG_BIG, jnp.float32),
+      jnp.zeros(shape_BxT, jnp.float32),
+      jnp.zeros(shape_BxT, jnp.float32),
+      jnp.zeros(shape_BxT, jnp.float32),
+  )
   starts_K = jnp.arange(n_chunks) * chunk
   (m, s, a, tgt), _ = lax.scan(body, init, (w_KxDxC, starts_K))
   lse = m + jnp.log(s)
@@ -68,8 +77,9 @@ def chunked_logprobs_entropy(hidden_BxTxD, unembed_DxV, targets_BxT, chunk=8192,
   return logp, entropy
 
 
-def sequence_logprobs(hidden_BxTxD, unembed_DxV, tokens_BxT, chunk=8192, temperature=1.0,
-                      with_entropy=True):
+def sequence_logprobs(
+    hidden_BxTxD, unembed_DxV, tokens_BxT, chunk=8192, temperature=1.0, with_entropy=True
+):
   """Log-probs in the rollout-batch convention: position t scores tokens[t] from hidden[t − 1].
 
   Position 0 has no prediction and gets logp = entropy = 0 (it is never a trained token).
@@ -77,7 +87,8 @@ def sequence_logprobs(hidden_BxTxD, unembed_DxV, tokens_BxT, chunk=8192, tempera
   Returns:
     (logp_BxT, entropy_BxT) float32.
   """
-  logp, ent = chunked_logprobs_entropy(hidden_BxTxD[:, :-1], unembed_DxV, tokens_BxT[:, 1:],
-                                       chunk, temperature, with_entropy)
+  logp, ent = chunked_logprobs_entropy(
+      hidden_BxTxD[:, :-1], unembed_DxV, tokens_BxT[:, 1:], chunk, temperature, with_entropy
+  )
   pad = ((0, 0), (1, 0))
   return jnp.pad(logp, pad), jnp.pad(ent, pad)

@@ -7,14 +7,15 @@ Dimensions:
   B: sequences in the (micro-)batch.
   T: token positions.
 """
+
 import jax.numpy as jnp
 
 from ragen_jax.algos.advantages import masked_mean
 
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_KINDS = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
-LOG_RATIO_CLAMP = 20.0   # |log π/π_old| clamp in the policy loss and on k3's exponent
-K3_VALUE_CLAMP = 10.0    # k3 value clamp
+LOG_RATIO_CLAMP = 20.0  # |log π/π_old| clamp in the policy loss and on k3's exponent
+K3_VALUE_CLAMP = 10.0  # k3 value clamp
 
 
 def agg_loss(loss_BxT, mask_BxT, mode="token-mean", loss_scale_factor=None):
@@ -46,8 +47,17 @@ def agg_loss(loss_BxT, mask_BxT, mode="token-mean", loss_scale_factor=None):
   raise ValueError(f"unknown agg_mode {mode!r}; expected one of {AGG_MODES}")
 
 
-def policy_loss(logp_BxT, old_logp_BxT, advantages_BxT, mask_BxT, clip_low=0.2, clip_high=0.28,
-                clip_c=3.0, agg_mode="token-mean", loss_scale_factor=None):
+def policy_loss(
+    logp_BxT,
+    old_logp_BxT,
+    advantages_BxT,
+    mask_BxT,
+    clip_low=0.2,
+    clip_high=0.28,
+    clip_c=3.0,
+    agg_mode="token-mean",
+    loss_scale_factor=None,
+):
   """Dual-clip PPO policy loss with decoupled clip range (veRL compute_policy_loss_vanilla).
 
     ℓ = clamp(logp − old_logp, −20, 20), ρ = e^ℓ
@@ -76,14 +86,22 @@ def policy_loss(logp_BxT, old_logp_BxT, advantages_BxT, mask_BxT, clip_low=0.2, 
       "pg_loss": pg_loss,
       "ppo_kl": masked_mean(-log_ratio, mask_BxT),
       "pg_clipfrac": masked_mean((loss2 > loss1).astype(jnp.float32), mask_BxT),
-      "pg_clipfrac_lower": masked_mean(((loss_clipped > loss3) & (adv < 0)).astype(jnp.float32),
-                                       mask_BxT),
+      "pg_clipfrac_lower": masked_mean(
+          ((loss_clipped > loss3) & (adv < 0)).astype(jnp.float32), mask_BxT
+      ),
   }
   return pg_loss, metrics
 
 
-def value_loss(values_BxT, old_values_BxT, returns_BxT, mask_BxT, cliprange=0.5,
-               agg_mode="token-mean", loss_scale_factor=None):
+def value_loss(
+    values_BxT,
+    old_values_BxT,
+    returns_BxT,
+    mask_BxT,
+    cliprange=0.5,
+    agg_mode="token-mean",
+    loss_scale_factor=None,
+):
   """Clipped value loss (veRL compute_value_loss).
 
     v̂c = clip(v̂, V_old − κ, V_old + κ);  l1 = (v̂ − R)², l2 = (v̂c − R)²
@@ -106,10 +124,10 @@ def value_loss(values_BxT, old_values_BxT, returns_BxT, mask_BxT, cliprange=0.5,
 def kl_penalty(logp_BxT, ref_logp_BxT, kind="k1"):
   """Per-token KL estimators of π vs π_ref, with d = logp − ref_logp.
 
-    k1 / kl:          d
-    abs:              |d|
-    k2 / mse:         ½ d²
-    k3 / low_var_kl:  k = clamp(−d, −20, 20); clamp(e^k − k − 1, −10, 10)
+  k1 / kl:          d
+  abs:              |d|
+  k2 / mse:         ½ d²
+  k3 / low_var_kl:  k = clamp(−d, −20, 20); clamp(e^k − k − 1, −10, 10)
   """
   d = logp_BxT - ref_logp_BxT
   if kind in ("k1", "kl"):

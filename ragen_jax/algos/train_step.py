@@ -4,31 +4,46 @@
     train_step = make_train_step(actor, critic_or_None, ppo_config)
     state, metrics = train_step(state, batch, key)       # batch: ragen_jax.batch.RolloutBatch
 
-Inside one compiled call: rollout filter (a keep mask over episodes, so shapes never change;
-kept episodes are moved first and micro-batches holding none are not computed), a no-gradient
-pass for old log-probs, entropies, critic values and reference log-probs, advantages
-(batch-global whitening for GAE), then `lax.scan` over PPO epochs and shuffled
-minibatches with gradient accumulation over micro-batches, updating actor and critic with
-AdamW (decoupled weight decay, global-norm clip).
+Inside one compiled call, five stages (pure functions below, composed by `train_step`):
+  1. `order_and_filter`: the rollout filter as a keep mask over episodes (shapes never change),
+     kept episodes moved first so that micro-batches holding none are not computed;
+  2. `old_pass`: no-gradient log-probs, entropies, critic values and reference log-probs;
+  3. `advantages`: GAE with the critic (batch-global whitening) or outcome advantages;
+  4. `update`: `lax.scan` over PPO epochs and shuffled minibatches with gradient accumulation
+     over micro-batches, updating actor and critic with AdamW (decoupled weight decay,
+     global-norm clip);
+  5. `batch_metrics`: batch statistics under veRL's and RAGEN's names.
+The critic mode (none, separate model, shared value head) is a `critic.Critic` strategy; the
+stages pass the typed records of `step_records`.
 
 Dimensions:
   B: episodes.  T: tokens.  N: minibatches per epoch.  M: micro-batches per minibatch.
   U: episodes per micro-batch (B = N·M·U).  D: hidden size.
 """
+
+import functools
 from typing import Any
 
 import flax
-from flax import nnx
 import jax
 from jax import lax
 import jax.numpy as jnp
 import optax
 
 from ragen_jax.algos import advantages as adv_lib
+from ragen_jax.algos import critic as critic_lib
 from ragen_jax.algos import filtering
 from ragen_jax.algos import losses
 from ragen_jax.algos.config import PPOConfig
 from ragen_jax.algos.logprobs import sequence_logprobs
+from ragen_jax.algos.step_records import Advantages
+from ragen_jax.algos.step_records import Learner
+from ragen_jax.algos.step_records import ModelGraph
+from ragen_jax.algos.step_records import OldPass
+from ragen_jax.algos.step_records import param_dict
+from ragen_jax.algos.step_records import Selection
+from ragen_jax.algos.step_records import StepSpec
+from ragen_jax.algos.step_records import UpdateData
 
 
 @flax.struct.dataclass
@@ -38,38 +53,30 @@ class TrainState:
   Parameters are pure nested dicts of arrays (`nnx.to_pure_dict`), owned by the state: they
   are copies, so donating the state never invalidates the modules they came from.
   """
+
   actor_params: Any
   actor_opt: Any
-  critic_params: Any            # None for critic-free estimators
+  critic_params: Any  # None for critic-free estimators
   critic_opt: Any
-  ref_params: Any               # None unless use_kl_loss
-  step: jax.Array               # int32, train_step calls so far
-  skipped_steps: jax.Array      # int32, steps whose filter kept nothing (no update)
+  ref_params: Any  # None unless use_kl_loss
+  step: jax.Array  # int32, train_step calls so far
+  skipped_steps: jax.Array  # int32, steps whose filter kept nothing (no update)
 
 
 def _optimizer(lr, cfg):
-  return optax.chain(optax.clip_by_global_norm(cfg.grad_clip),
-                     optax.adamw(lr, b1=0.9, b2=0.999, eps=1e-8, weight_decay=cfg.weight_decay))
-
-
-def _split(model):
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  return graphdef, nnx.to_pure_dict(params), rest
+  return optax.chain(
+      optax.clip_by_global_norm(cfg.grad_clip),
+      optax.adamw(lr, b1=0.9, b2=0.999, eps=1e-8, weight_decay=cfg.weight_decay),
+  )
 
 
 def _copy(tree):
   return jax.tree.map(lambda a: jnp.array(a, copy=True), tree)
 
 
-def _separate_critic(actor_model, critic_model, key):
-  if critic_model is not None:
-    return critic_model
-  from ragen_jax import models  # pylint: disable=g-import-not-at-top
-  return models.critic_from_policy(actor_model, key)
-
-
-def init_train_state(actor_model, critic_model, cfg: PPOConfig, key, ref_model=None,
-                     actor_tx=None, critic_tx=None):
+def init_train_state(
+    actor_model, critic_model, cfg: PPOConfig, key, ref_model=None, actor_tx=None, critic_tx=None
+):
   """Builds the TrainState.
 
   Args:
@@ -84,29 +91,352 @@ def init_train_state(actor_model, critic_model, cfg: PPOConfig, key, ref_model=N
   """
   actor_tx = actor_tx or _optimizer(cfg.actor_lr, cfg)
   critic_tx = critic_tx or _optimizer(cfg.critic_lr, cfg)
-  actor_params = _copy(_split(actor_model)[1])
-  critic_params = critic_opt = ref_params = None
-  if cfg.uses_critic:
-    if cfg.critic == "separate":
-      critic_params = _copy(_split(_separate_critic(actor_model, critic_model, key))[1])
-    else:
-      critic_params = {"value_kernel": jnp.zeros((actor_model.config.hidden_size,), jnp.float32),
-                       "value_bias": jnp.zeros((), jnp.float32)}
-    critic_opt = critic_tx.init(critic_params)
+  actor_params = _copy(param_dict(actor_model))
+  critic = critic_lib.make_critic(cfg, actor_model, critic_model)
+  critic_params, critic_opt = critic.init(critic_tx, key)
+  ref_params = None
   if cfg.use_kl_loss:
-    ref_params = _copy(_split(ref_model)[1]) if ref_model is not None else _copy(actor_params)
-  return TrainState(actor_params=actor_params, actor_opt=actor_tx.init(actor_params),
-                    critic_params=critic_params, critic_opt=critic_opt, ref_params=ref_params,
-                    step=jnp.zeros((), jnp.int32), skipped_steps=jnp.zeros((), jnp.int32))
+    ref_params = _copy(param_dict(ref_model)) if ref_model is not None else _copy(actor_params)
+  return TrainState(
+      actor_params=actor_params,
+      actor_opt=actor_tx.init(actor_params),
+      critic_params=critic_params,
+      critic_opt=critic_opt,
+      ref_params=ref_params,
+      step=jnp.zeros((), jnp.int32),
+      skipped_steps=jnp.zeros((), jnp.int32),
+  )
 
 
-def _shift_right(x_BxT):
-  """Value for token t is read at position t − 1 (the state before the token), as in veRL."""
-  return jnp.pad(x_BxT[:, :-1], ((0, 0), (1, 0)))
+# ---------------------------------------------------------------- forward and losses
 
 
-def make_train_step(actor_model, critic_model, cfg: PPOConfig, ref_model=None, jit=True,
-                    actor_tx=None, critic_tx=None, compiler_options=None, out_shardings=None):
+def policy_forward(graph, params, tokens_BxT, attn_BxT, cfg: PPOConfig, with_entropy):
+  """(logp_BxT, entropy_BxT, hidden_BxTxD) of a policy with `params`."""
+  model = graph.merge(params)
+  hidden_BxTxD, _ = model.backbone(tokens_BxT, attn_BxT)
+  w_DxV = model.unembed_kernel().astype(hidden_BxTxD.dtype)
+  logp_BxT, entropy_BxT = sequence_logprobs(
+      hidden_BxTxD, w_DxV, tokens_BxT, cfg.vocab_chunk, cfg.temperature, with_entropy
+  )
+  return logp_BxT, entropy_BxT, hidden_BxTxD
+
+
+def _agg(cfg: PPOConfig, x_BxT, mask_BxT):
+  return losses.agg_loss(x_BxT, mask_BxT, cfg.agg_mode, cfg.loss_scale_factor)
+
+
+def actor_terms(cfg: PPOConfig, logp_BxT, entropy_BxT, mb: UpdateData):
+  """Clipped policy loss, minus the entropy bonus, plus the KL loss; (loss, metrics)."""
+  mask_BxT = mb.mask_BxT
+  pg, pg_metrics = losses.policy_loss(
+      logp_BxT,
+      mb.old_logp_BxT,
+      mb.adv_BxT,
+      mask_BxT,
+      cfg.clip_low,
+      cfg.clip_high,
+      cfg.clip_c,
+      cfg.agg_mode,
+      cfg.loss_scale_factor,
+  )
+  loss, metrics = pg, {f"actor/{k}": v for k, v in pg_metrics.items()}
+  if cfg.entropy_coeff > 0:
+    ent = _agg(cfg, entropy_BxT, mask_BxT)
+    loss = loss - cfg.entropy_coeff * ent
+    metrics["actor/entropy_loss"] = ent
+  if cfg.use_kl_loss:
+    kl = _agg(cfg, losses.kl_penalty(logp_BxT, mb.ref_logp_BxT, cfg.kl_type), mask_BxT)
+    loss = loss + cfg.kl_coef * kl
+    metrics["actor/kl_loss"] = kl
+  return loss, metrics
+
+
+def value_terms(cfg: PPOConfig, mb: UpdateData, values_BxT):
+  """Clipped value loss; (loss, metrics)."""
+  vf, vf_metrics = losses.value_loss(
+      values_BxT,
+      mb.old_values_BxT,
+      mb.returns_BxT,
+      mb.mask_BxT,
+      cfg.value_clip,
+      cfg.agg_mode,
+      cfg.loss_scale_factor,
+  )
+  return vf, {f"critic/{k}": v for k, v in vf_metrics.items()}
+
+
+def micro_grads(spec: StepSpec, actor_params, critic_params, mb: UpdateData):
+  """(actor grads, critic grads or None, metrics) of one micro-batch."""
+  cfg, critic = spec.cfg, spec.critic
+  value_loss = functools.partial(value_terms, cfg, mb)
+
+  def actor_loss(params, head):
+    logp_BxT, entropy_BxT, hidden_BxTxD = policy_forward(
+        spec.actor, params, mb.tokens_BxT, mb.attn_BxT, cfg, cfg.entropy_coeff > 0
+    )
+    loss, metrics = actor_terms(cfg, logp_BxT, entropy_BxT, mb)
+    return critic.add_to_actor_loss(loss, metrics, head, hidden_BxTxD, value_loss)
+
+  grad_fn = jax.value_and_grad(actor_loss, argnums=(0, 1), has_aux=True)
+  (_, metrics), (a_grads, head_grads) = grad_fn(
+      actor_params, critic.actor_loss_params(critic_params)
+  )
+  c_grads, c_metrics = critic.grads(
+      critic_params, head_grads, mb.tokens_BxT, mb.attn_BxT, value_loss
+  )
+  return a_grads, c_grads, {**metrics, **c_metrics}
+
+
+# ---------------------------------------------------------------- the stages
+
+
+def order_and_filter(cfg: PPOConfig, batch) -> Selection:
+  """Stage 1: the rollout filter (whole groups) as a keep mask, kept episodes moved first."""
+  keep_B, stats = filtering.episode_keep_mask(
+      batch.scores_B,
+      batch.group_ids_B,
+      metric=cfg.filter_metric,
+      strategy=cfg.filter_strategy,
+      value=cfg.filter_value,
+      filter_type=cfg.filter_type,
+      include_zero=cfg.filter_include_zero,
+      prob_mode=cfg.filter_prob_mode,
+      eps=cfg.filter_eps,
+  )
+  # Kept episodes first (stable), so that dropped ones fill whole trailing micro-batches whose
+  # forward and backward passes are skipped: a half-filtered batch costs about half. Nothing
+  # per-episode leaves the step, so the order is free.
+  perm_B = jnp.argsort(~keep_B, stable=True)
+  batch, keep_B = jax.tree.map(lambda x: x[perm_B], (batch, keep_B))
+  return Selection(
+      batch=batch,
+      tokens_BxT=batch.tokens_BxT.astype(jnp.int32),
+      attn_BxT=batch.attention_mask_BxT.astype(jnp.int32),
+      keep_B=keep_B,
+      mask_BxT=(batch.loss_mask_BxT > 0) & keep_B[:, None],
+      stats=stats,
+  )
+
+
+def old_pass(spec: StepSpec, state: TrainState, sel: Selection, chunk_size) -> OldPass:
+  """Stage 2: the no-gradient pass, in chunks of `chunk_size` episodes to bound activations.
+
+  Chunks holding no kept episode are not computed (zeros).
+  """
+  cfg = spec.cfg
+
+  def forward(tokens_UxT, attn_UxT):
+    logp, ent, hidden = policy_forward(
+        spec.actor, state.actor_params, tokens_UxT, attn_UxT, cfg, True
+    )
+    values = spec.critic.values(state.critic_params, tokens_UxT, attn_UxT, hidden)
+    ref_logp = None
+    if cfg.use_kl_loss:
+      ref_logp = policy_forward(spec.ref, state.ref_params, tokens_UxT, attn_UxT, cfg, False)[0]
+    return OldPass(logp_BxT=logp, entropy_BxT=ent, values_BxT=values, ref_logp_BxT=ref_logp)
+
+  def forward_if_kept(chunk):
+    tokens_UxT, attn_UxT, keep_U = chunk
+    zeros = lambda: jax.tree.map(jnp.zeros_like, jax.eval_shape(forward, tokens_UxT, attn_UxT))
+    return lax.cond(jnp.any(keep_U), lambda: forward(tokens_UxT, attn_UxT), zeros)
+
+  b = sel.keep_B.shape[0]
+  chunks = b // chunk_size
+  old = lax.map(
+      forward_if_kept,
+      (
+          sel.tokens_BxT.reshape(chunks, chunk_size, -1),
+          sel.attn_BxT.reshape(chunks, chunk_size, -1),
+          sel.keep_B.reshape(chunks, chunk_size),
+      ),
+  )
+  return jax.tree.map(lambda x: lax.stop_gradient(x.reshape(b, -1)), old)
+
+
+def advantages(cfg: PPOConfig, sel: Selection, old: OldPass) -> Advantages:
+  """Stage 3: advantages and returns (batch-global statistics over kept episodes)."""
+  batch, mask_BxT = sel.batch, sel.mask_BxT
+  maskf_BxT = mask_BxT.astype(jnp.float32)
+  n_tokens = jnp.sum(maskf_BxT)
+  values_BxT = None
+  if old.values_BxT is not None:  # GAE with the critic's values as the baseline
+    values_BxT = old.values_BxT * maskf_BxT  # the critic's values are 0 at masked positions
+    adv_BxT, returns_BxT = adv_lib.compute_gae(
+        batch.token_rewards_BxT, values_BxT, mask_BxT, cfg.gamma, cfg.lam
+    )
+    skipped = (~jnp.any(sel.keep_B)) | (n_tokens < 2)  # whitening needs two valid tokens
+  else:
+    adv_BxT, returns_BxT = adv_lib.outcome_advantages(
+        batch.scores_B, batch.group_ids_B, mask_BxT, cfg.adv_estimator, valid_B=sel.keep_B
+    )
+    skipped = (~jnp.any(sel.keep_B)) | (n_tokens < 1)
+  adv_BxT = jnp.where(skipped, 0.0, adv_BxT)
+  if cfg.positive_advantages_only:
+    adv_BxT = jnp.maximum(adv_BxT, 0.0)
+  return Advantages(
+      adv_BxT=adv_BxT, returns_BxT=returns_BxT, values_BxT=values_BxT, skipped=skipped
+  )
+
+
+def update_data(cfg: PPOConfig, sel: Selection, old: OldPass, adv: Advantages) -> UpdateData:
+  """The update's inputs; old values and returns are None without a critic.
+
+  Old log-probs are the current actor's (veRL, RAGEN), or the sampler's when
+  recompute_old_logprobs is False.
+  """
+  old_logp_BxT = (
+      old.logp_BxT if cfg.recompute_old_logprobs else sel.batch.logprobs_BxT.astype(jnp.float32)
+  )
+  with_values = adv.values_BxT is not None
+  return UpdateData(
+      tokens_BxT=sel.tokens_BxT,
+      attn_BxT=sel.attn_BxT,
+      mask_BxT=sel.mask_BxT.astype(jnp.float32),
+      old_logp_BxT=old_logp_BxT,
+      adv_BxT=adv.adv_BxT,
+      old_values_BxT=adv.values_BxT,
+      returns_BxT=adv.returns_BxT if with_values else None,
+      ref_logp_BxT=old.ref_logp_BxT,
+  )
+
+
+def _minibatch(spec: StepSpec, data: UpdateData, skipped, learner: Learner, idx_MxU):
+  """One optimizer step on the episodes idx_MxU, accumulating over M micro-batches."""
+  critic = spec.critic
+  mbs = jax.tree.map(lambda x: x[idx_MxU], data)  # [M, U, ...]
+  live_M = (jnp.sum(mbs.mask_BxT, axis=(1, 2)) > 0).astype(jnp.float32)
+  n_live = jnp.sum(live_M)
+  w_M = live_M / jnp.maximum(n_live, 1.0)  # mean over non-empty micro-batches
+  grads_of = functools.partial(micro_grads, spec, learner.actor_params, learner.critic_params)
+
+  def micro(acc, xs):
+    mb, w = xs
+
+    def add(acc):
+      return jax.tree.map(lambda s, g: s + w * g, acc, grads_of(mb))
+
+    return lax.cond(w > 0, add, lambda acc: acc, acc), None  # w = 0: nothing kept
+
+  zero = jax.tree.map(jnp.zeros_like, jax.eval_shape(grads_of, jax.tree.map(lambda x: x[0], mbs)))
+  (a_grads, c_grads, metrics), _ = lax.scan(micro, zero, (mbs, w_M))
+  live = (n_live > 0) & ~skipped
+  metrics["actor/grad_norm"] = optax.tree.norm(a_grads)
+  metrics.update(critic.grad_metrics(c_grads))
+
+  def apply(learner, a_grads, c_grads):
+    upd, actor_opt = spec.actor_tx.update(a_grads, learner.actor_opt, learner.actor_params)
+    actor_params = optax.apply_updates(learner.actor_params, upd)
+    critic_params, critic_opt = critic.apply(
+        spec.critic_tx, c_grads, learner.critic_opt, learner.critic_params
+    )
+    return Learner(actor_params, actor_opt, critic_params, critic_opt)
+
+  # An empty minibatch (everything filtered away) or a skipped step leaves parameters and
+  # optimizer moments untouched; lax.cond lets XLA reuse the buffers instead of selecting.
+  learner = lax.cond(live, apply, lambda learner, *_: learner, learner, a_grads, c_grads)
+  return learner, (metrics, live.astype(jnp.float32))
+
+
+def update(spec: StepSpec, learner: Learner, data: UpdateData, keep_B, skipped, key):
+  """Stage 4: PPO epochs x minibatches x micro-batches; (learner, update metrics).
+
+  Metrics are averaged over the optimizer steps taken (`train/num_updates`).
+  """
+  cfg = spec.cfg
+  b = keep_B.shape[0]
+  n_mb, n_micro = cfg.num_minibatches, cfg.micro_batches
+  u = b // (n_mb * n_micro)
+  minibatch = functools.partial(_minibatch, spec, data, skipped)
+
+  def epoch(learner, epoch_key):
+    # Kept episodes first (shuffled among themselves), so filtered-out ones fill the last
+    # minibatches, which are then skipped: the same optimizer steps as a smaller batch.
+    u01_B = jax.random.uniform(epoch_key, (b,)) if cfg.shuffle else jnp.arange(b) / b
+    order_B = jnp.argsort(jnp.where(keep_B, u01_B, u01_B + 2.0))
+    return lax.scan(minibatch, learner, order_B.reshape(n_mb, n_micro, u))
+
+  learner, (mets, lives) = lax.scan(epoch, learner, jax.random.split(key, cfg.ppo_epochs))
+  n_updates = jnp.maximum(jnp.sum(lives), 1.0)
+  metrics = {k: jnp.sum(v * lives) / n_updates for k, v in mets.items()}
+  metrics["train/num_updates"] = jnp.sum(lives)
+  return learner, metrics
+
+
+def batch_metrics(cfg: PPOConfig, sel: Selection, old: OldPass, adv: Advantages):
+  """Stage 5: batch statistics under veRL's and RAGEN's names."""
+  mask_BxT, skipped = sel.mask_BxT, adv.skipped
+  maskf_BxT = mask_BxT.astype(jnp.float32)
+  adv_BxT, returns_BxT = adv.adv_BxT, adv.returns_BxT
+  metrics = {
+      "actor/entropy": _agg(cfg, old.entropy_BxT, maskf_BxT),
+      "critic/advantages/mean": adv_lib.masked_mean(adv_BxT, maskf_BxT),
+  }
+  adv_max = jnp.max(jnp.where(mask_BxT, adv_BxT, -jnp.inf))
+  adv_min = jnp.min(jnp.where(mask_BxT, adv_BxT, jnp.inf))
+  metrics["critic/advantages/max"] = jnp.where(skipped, 0.0, adv_max)
+  metrics["critic/advantages/min"] = jnp.where(skipped, 0.0, adv_min)
+  metrics["critic/returns/mean"] = adv_lib.masked_mean(
+      jnp.where(mask_BxT, returns_BxT, 0.0), maskf_BxT
+  )
+  if adv.values_BxT is not None:
+    metrics["critic/values/mean"] = adv_lib.masked_mean(adv.values_BxT, maskf_BxT)
+    metrics["critic/vf_explained_var"] = jnp.where(
+        skipped, 0.0, adv_lib.explained_variance(adv.values_BxT, returns_BxT, maskf_BxT)
+    )
+  # Train/inference mismatch (veRL's training/rollout_probs_diff_*): the sampler's token
+  # probabilities against the training forward's; large values mean the update is off-policy.
+  probs_diff_BxT = jnp.abs(
+      jnp.exp(old.logp_BxT) - jnp.exp(sel.batch.logprobs_BxT.astype(jnp.float32))
+  )
+  metrics["training/rollout_probs_diff_mean"] = adv_lib.masked_mean(probs_diff_BxT, maskf_BxT)
+  metrics["training/rollout_probs_diff_max"] = jnp.max(jnp.where(mask_BxT, probs_diff_BxT, 0.0))
+  for name in ("in_group_reward_std", "filter_kept_ratio", "filter_kept_count"):
+    metrics[f"rollout/{name}"] = sel.stats[name]
+  metrics["rollout/skipped"] = skipped.astype(jnp.float32)
+  return metrics
+
+
+# ---------------------------------------------------------------- the step
+
+
+def train_step(spec: StepSpec, state: TrainState, batch, key):
+  """One StarPO update: `(state, batch, key) -> (state, metrics)` once `spec` is bound."""
+  cfg = spec.cfg
+  b = batch.tokens_BxT.shape[0]
+  cfg.check_batch(b)
+  sel = order_and_filter(cfg, batch)
+  old = old_pass(spec, state, sel, chunk_size=b // (cfg.num_minibatches * cfg.micro_batches))
+  adv = advantages(cfg, sel, old)
+  learner = Learner(state.actor_params, state.actor_opt, state.critic_params, state.critic_opt)
+  learner, metrics = update(
+      spec, learner, update_data(cfg, sel, old, adv), sel.keep_B, adv.skipped, key
+  )
+  metrics.update(batch_metrics(cfg, sel, old, adv))
+  skipped_steps = state.skipped_steps + adv.skipped.astype(jnp.int32)
+  metrics["rollout/skipped_steps"] = skipped_steps.astype(jnp.float32)
+  new_state = state.replace(
+      actor_params=learner.actor_params,
+      actor_opt=learner.actor_opt,
+      critic_params=learner.critic_params,
+      critic_opt=learner.critic_opt,
+      step=state.step + 1,
+      skipped_steps=skipped_steps,
+  )
+  return new_state, metrics
+
+
+def make_train_step(
+    actor_model,
+    critic_model,
+    cfg: PPOConfig,
+    ref_model=None,
+    jit=True,
+    actor_tx=None,
+    critic_tx=None,
+    compiler_options=None,
+    out_shardings=None,
+):
   """Returns `train_step(state, batch, key) -> (state, metrics)`, jitted with the state donated.
 
   Args:
@@ -118,235 +448,22 @@ def make_train_step(actor_model, critic_model, cfg: PPOConfig, ref_model=None, j
     out_shardings: passed to jax.jit: (state shardings, metrics sharding) on a mesh, so the
       state keeps its layout from step to step (and donation reuses its buffers).
   """
-  actor_gd, _, actor_rest = nnx.split(actor_model, nnx.Param, ...)
-  ref_gd, _, ref_rest = nnx.split(ref_model if ref_model is not None else actor_model,
-                                  nnx.Param, ...)
-  use_critic = cfg.uses_critic
-  shared = use_critic and cfg.critic == "shared"
-  if use_critic and not shared:
-    abstract = critic_model if critic_model is not None else nnx.eval_shape(
-        lambda: _separate_critic(actor_model, None, jax.random.key(0)))
-    critic_gd, _, critic_rest = nnx.split(abstract, nnx.Param, ...)
-  actor_tx = actor_tx or _optimizer(cfg.actor_lr, cfg)
-  critic_tx = critic_tx or _optimizer(cfg.critic_lr, cfg)
-  with_entropy_loss = cfg.entropy_coeff > 0
-
-  def actor_forward(params, gd, rest, tokens, attn, with_entropy):
-    model = nnx.merge(gd, params, rest)
-    hidden_BxTxD, _ = model.backbone(tokens, attn)
-    w_DxV = model.unembed_kernel().astype(hidden_BxTxD.dtype)
-    logp, ent = sequence_logprobs(hidden_BxTxD, w_DxV, tokens, cfg.vocab_chunk, cfg.temperature,
-                                  with_entropy)
-    return logp, ent, hidden_BxTxD
-
-  def head_values(head, hidden_BxTxD):
-    values = jnp.einsum("btd,d->bt", hidden_BxTxD.astype(jnp.float32), head["value_kernel"])
-    return _shift_right(values + head["value_bias"])
-
-  def critic_values(params, tokens, attn):
-    return _shift_right(nnx.merge(critic_gd, params, critic_rest)(tokens, attn))
-
-  # ------------------------------------------------------------------ losses of one micro-batch
-
-  def agg(x_BxT, mask_BxT):
-    return losses.agg_loss(x_BxT, mask_BxT, cfg.agg_mode, cfg.loss_scale_factor)
-
-  def actor_terms(logp, ent, mb):
-    mask = mb["mask"]
-    pg, pm = losses.policy_loss(logp, mb["old_logp"], mb["adv"], mask, cfg.clip_low,
-                                cfg.clip_high, cfg.clip_c, cfg.agg_mode, cfg.loss_scale_factor)
-    loss, metrics = pg, {f"actor/{k}": v for k, v in pm.items()}
-    if with_entropy_loss:
-      ent_agg = agg(ent, mask)
-      loss = loss - cfg.entropy_coeff * ent_agg
-      metrics["actor/entropy_loss"] = ent_agg
-    if cfg.use_kl_loss:
-      kl = agg(losses.kl_penalty(logp, mb["ref_logp"], cfg.kl_type), mask)
-      loss = loss + cfg.kl_coef * kl
-      metrics["actor/kl_loss"] = kl
-    return loss, metrics
-
-  def critic_terms(values, mb):
-    vf, vm = losses.value_loss(values, mb["old_values"], mb["returns"], mb["mask"],
-                               cfg.value_clip, cfg.agg_mode, cfg.loss_scale_factor)
-    return vf, {f"critic/{k}": v for k, v in vm.items()}
-
-  def micro_grads(actor_params, critic_params, mb):
-    """(actor grads, critic grads or None, metrics) of one micro-batch."""
-    tokens, attn = mb["tokens"], mb["attn"]
-
-    def actor_loss(ap, head):
-      logp, ent, hidden = actor_forward(ap, actor_gd, actor_rest, tokens, attn, with_entropy_loss)
-      loss, metrics = actor_terms(logp, ent, mb)
-      if shared:   # one trunk: the value loss also trains the actor's decoder
-        vf, vm = critic_terms(head_values(head, hidden), mb)
-        loss, metrics = loss + cfg.vf_coef * vf, {**metrics, **vm}
-      return loss, metrics
-
-    grad_fn = jax.value_and_grad(actor_loss, argnums=(0, 1), has_aux=True)
-    (_, metrics), (a_grads, c_grads) = grad_fn(actor_params, critic_params if shared else None)
-    if use_critic and not shared:
-      def critic_loss(cp):
-        return critic_terms(critic_values(cp, tokens, attn), mb)
-      (_, cm), c_grads = jax.value_and_grad(critic_loss, has_aux=True)(critic_params)
-      metrics = {**metrics, **cm}
-    return a_grads, c_grads, metrics
-
-  # ------------------------------------------------------------------ the step
-
-  def train_step(state: TrainState, batch, key):
-    b = batch.tokens_BxT.shape[0]
-    cfg.check_batch(b)
-    n_mb, n_micro = cfg.num_minibatches, cfg.micro_batches
-    u = b // (n_mb * n_micro)
-
-    # 1. Rollout filter: whole groups, as a mask over episodes.
-    keep_B, fstats = filtering.episode_keep_mask(
-        batch.scores_B, batch.group_ids_B, metric=cfg.filter_metric, strategy=cfg.filter_strategy,
-        value=cfg.filter_value, filter_type=cfg.filter_type, include_zero=cfg.filter_include_zero,
-        prob_mode=cfg.filter_prob_mode, eps=cfg.filter_eps)
-    # Kept episodes first (stable), so that dropped ones fill whole trailing micro-batches whose
-    # forward and backward passes are skipped below: a half-filtered batch costs about half.
-    # Nothing per-episode leaves the step, so the order is free.
-    perm_B = jnp.argsort(~keep_B, stable=True)
-    batch, keep_B = jax.tree.map(lambda x: x[perm_B], (batch, keep_B))
-    tokens, attn = batch.tokens_BxT.astype(jnp.int32), batch.attention_mask_BxT.astype(jnp.int32)
-    mask = (batch.loss_mask_BxT > 0) & keep_B[:, None]
-    maskf = mask.astype(jnp.float32)
-
-    # 2. No-gradient pass, in micro-batch chunks to bound activation memory.
-    def old_pass(chunk):
-      t, a = chunk
-      out = {}
-      logp, ent, hidden = actor_forward(state.actor_params, actor_gd, actor_rest, t, a, True)
-      out["logp"], out["ent"] = logp, ent
-      if shared:
-        out["values"] = head_values(state.critic_params, hidden)
-      elif use_critic:
-        out["values"] = critic_values(state.critic_params, t, a)
-      if cfg.use_kl_loss:
-        out["ref_logp"] = actor_forward(state.ref_params, ref_gd, ref_rest, t, a, False)[0]
-      return out
-
-    def old_pass_if_kept(chunk):
-      t, a, k = chunk
-      zeros = lambda: jax.tree.map(jnp.zeros_like, jax.eval_shape(old_pass, (t, a)))
-      return lax.cond(jnp.any(k), lambda: old_pass((t, a)), zeros)
-
-    chunks = b // u
-    old = lax.map(old_pass_if_kept, (tokens.reshape(chunks, u, -1), attn.reshape(chunks, u, -1),
-                                     keep_B.reshape(chunks, u)))
-    old = jax.tree.map(lambda x: lax.stop_gradient(x.reshape(b, -1)), old)
-    old_logp = old["logp"] if cfg.recompute_old_logprobs else batch.logprobs_BxT.astype(jnp.float32)
-
-    # 3. Advantages and returns (batch-global statistics over kept episodes).
-    n_tokens = jnp.sum(maskf)
-    if use_critic:
-      values = old["values"] * maskf          # the critic's values are 0 at masked positions
-      advs, returns = adv_lib.compute_gae(batch.token_rewards_BxT, values, mask, cfg.gamma, cfg.lam)
-      skipped = (~jnp.any(keep_B)) | (n_tokens < 2)     # whitening needs two valid tokens
-    else:
-      advs, returns = adv_lib.outcome_advantages(batch.scores_B, batch.group_ids_B, mask,
-                                                 cfg.adv_estimator, valid_B=keep_B)
-      skipped = (~jnp.any(keep_B)) | (n_tokens < 1)
-    advs = jnp.where(skipped, 0.0, advs)
-    if cfg.positive_advantages_only:
-      advs = jnp.maximum(advs, 0.0)
-
-    data = {"tokens": tokens, "attn": attn, "mask": maskf, "old_logp": old_logp, "adv": advs}
-    if use_critic:
-      data.update(old_values=values, returns=returns)
-    if cfg.use_kl_loss:
-      data["ref_logp"] = old["ref_logp"]
-
-    # 4. PPO epochs x minibatches x micro-batches.
-    def minibatch(carry, idx_MxU):
-      ap, aopt, cp, copt = carry
-      mbs = jax.tree.map(lambda x: x[idx_MxU], data)            # [M, U, ...]
-      live_M = (jnp.sum(mbs["mask"], axis=(1, 2)) > 0).astype(jnp.float32)
-      n_live = jnp.sum(live_M)
-      w_M = live_M / jnp.maximum(n_live, 1.0)     # mean over non-empty micro-batches
-
-      def micro(acc, xs):
-        mb, w = xs
-
-        def add(acc):
-          ag, cg, met = micro_grads(ap, cp, mb)
-          return jax.tree.map(lambda s, g: s + w * g, acc, (ag, cg, met))
-        return lax.cond(w > 0, add, lambda acc: acc, acc), None   # w = 0: nothing kept
-
-      zero = jax.tree.map(jnp.zeros_like, jax.eval_shape(micro_grads, ap, cp,
-                                                         jax.tree.map(lambda x: x[0], mbs)))
-      (ag, cg, met), _ = lax.scan(micro, zero, (mbs, w_M))
-      live = (n_live > 0) & ~skipped
-      met["actor/grad_norm"] = optax.tree.norm(ag)
-      if use_critic:
-        met["critic/grad_norm"] = optax.tree.norm(cg)
-
-      def apply(args):
-        ap, aopt, cp, copt, ag, cg = args
-        upd, aopt = actor_tx.update(ag, aopt, ap)
-        ap = optax.apply_updates(ap, upd)
-        if use_critic:
-          cupd, copt = critic_tx.update(cg, copt, cp)
-          cp = optax.apply_updates(cp, cupd)
-        return ap, aopt, cp, copt
-
-      # An empty minibatch (everything filtered away) or a skipped step leaves parameters and
-      # optimizer moments untouched; lax.cond lets XLA reuse the buffers instead of selecting.
-      new = lax.cond(live, apply, lambda args: args[:4], (ap, aopt, cp, copt, ag, cg))
-      return new, (met, live.astype(jnp.float32))
-
-    def epoch(carry, ekey):
-      # Kept episodes first (shuffled among themselves), so filtered-out ones fill the last
-      # minibatches, which are then skipped: the same optimizer steps as a smaller batch.
-      u01 = jax.random.uniform(ekey, (b,)) if cfg.shuffle else jnp.arange(b) / b
-      order = jnp.argsort(jnp.where(keep_B, u01, u01 + 2.0))
-      return lax.scan(minibatch, carry, order.reshape(n_mb, n_micro, u))
-
-    carry = (state.actor_params, state.actor_opt, state.critic_params, state.critic_opt)
-    carry, (mets, lives) = lax.scan(epoch, carry, jax.random.split(key, cfg.ppo_epochs))
-    n_updates = jnp.maximum(jnp.sum(lives), 1.0)
-    metrics = {k: jnp.sum(v * lives) / n_updates for k, v in mets.items()}
-
-    # 5. Batch metrics under veRL's and RAGEN's names.
-    metrics["actor/entropy"] = agg(old["ent"], maskf)
-    metrics["critic/advantages/mean"] = adv_lib.masked_mean(advs, maskf)
-    adv_max = jnp.max(jnp.where(mask, advs, -jnp.inf))
-    adv_min = jnp.min(jnp.where(mask, advs, jnp.inf))
-    metrics["critic/advantages/max"] = jnp.where(skipped, 0.0, adv_max)
-    metrics["critic/advantages/min"] = jnp.where(skipped, 0.0, adv_min)
-    metrics["critic/returns/mean"] = adv_lib.masked_mean(jnp.where(mask, returns, 0.0), maskf)
-    if use_critic:
-      metrics["critic/values/mean"] = adv_lib.masked_mean(values, maskf)
-      metrics["critic/vf_explained_var"] = jnp.where(
-          skipped, 0.0, adv_lib.explained_variance(values, returns, maskf))
-    # Train/inference mismatch (veRL's training/rollout_probs_diff_*): the sampler's token
-    # probabilities against the training forward's; large values mean the update is off-policy.
-    probs_diff = jnp.abs(jnp.exp(old["logp"]) - jnp.exp(batch.logprobs_BxT.astype(jnp.float32)))
-    metrics["training/rollout_probs_diff_mean"] = adv_lib.masked_mean(probs_diff, maskf)
-    metrics["training/rollout_probs_diff_max"] = jnp.max(jnp.where(mask, probs_diff, 0.0))
-    metrics["rollout/in_group_reward_std"] = fstats["in_group_reward_std"]
-    metrics["rollout/filter_kept_ratio"] = fstats["filter_kept_ratio"]
-    metrics["rollout/filter_kept_count"] = fstats["filter_kept_count"]
-    metrics["rollout/skipped"] = skipped.astype(jnp.float32)
-    metrics["train/num_updates"] = jnp.sum(lives)
-
-    actor_params, actor_opt, critic_params, critic_opt = carry
-    skipped_steps = state.skipped_steps + skipped.astype(jnp.int32)
-    metrics["rollout/skipped_steps"] = skipped_steps.astype(jnp.float32)
-    new_state = state.replace(actor_params=actor_params, actor_opt=actor_opt,
-                              critic_params=critic_params, critic_opt=critic_opt,
-                              step=state.step + 1, skipped_steps=skipped_steps)
-    return new_state, metrics
-
+  spec = StepSpec(
+      cfg=cfg,
+      actor=ModelGraph.of(actor_model),
+      ref=ModelGraph.of(ref_model if ref_model is not None else actor_model),
+      critic=critic_lib.make_critic(cfg, actor_model, critic_model),
+      actor_tx=actor_tx or _optimizer(cfg.actor_lr, cfg),
+      critic_tx=critic_tx or _optimizer(cfg.critic_lr, cfg),
+  )
+  step = functools.partial(train_step, spec)
   if not jit:
-    return train_step
-  return jax.jit(train_step, donate_argnums=(0,), compiler_options=compiler_options,
-                 out_shardings=out_shardings)
+    return step
+  return jax.jit(
+      step, donate_argnums=(0,), compiler_options=compiler_options, out_shardings=out_shardings
+  )
 
 
 def actor_module(actor_model, state: TrainState):
   """The actor module carrying the state's current parameters (e.g. for the next rollout)."""
-  graphdef, _, rest = nnx.split(actor_model, nnx.Param, ...)
-  return nnx.merge(graphdef, state.actor_params, rest)
+  return ModelGraph.of(actor_model).merge(state.actor_params)

@@ -1,11 +1,12 @@
 """Collapse diagnostics (RAGEN-2): the mutual-information family of proxies and what feeds it.
 
-  from ragen_jax import diagnostics
-  m = diagnostics.mi_metrics(logp_sum_SxP, num_tokens_S, prompt_index_S)   # pure, jit-able
-  turns = diagnostics.collect_turns(results, tokenizer)                    # (x, z) per turn
-  step = diagnostics.step_metrics(turns)                                   # every step
-  mi, ema = diagnostics.compute(model, turns, cfg, rng, ema, pad_id=...)   # when cfg.due(step)
+from ragen_jax import diagnostics
+m = diagnostics.mi_metrics(logp_sum_SxP, num_tokens_S, prompt_index_S)   # pure, jit-able
+turns = diagnostics.collect_turns(results, tokenizer)                    # (x, z) per turn
+step = diagnostics.step_metrics(turns)                                   # every step
+mi, ema = diagnostics.compute(model, turns, cfg, rng, ema, pad_id=...)   # when cfg.due(step)
 """
+
 from ragen_jax.diagnostics.collapse import CollapseConfig
 from ragen_jax.diagnostics.collapse import compute
 from ragen_jax.diagnostics.mutual_info import column_ids_from_prompts

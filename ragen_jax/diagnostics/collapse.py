@@ -10,6 +10,7 @@ Metric names: `collapse/<family>/<mi_metrics name>` for family first_turn and mu
 `collapse/<family>/num_samples` and `num_columns`, and `timing_s/collapse_<family>`. The per-family
 EMA of the marginal std (for `mi_zscore_ema`) is returned for the caller to carry (and checkpoint).
 """
+
 import dataclasses
 import time
 from typing import Dict, Optional, Sequence, Tuple
@@ -22,47 +23,72 @@ from ragen_jax.diagnostics import scoring
 from ragen_jax.diagnostics import turns as turns_lib
 
 FAMILIES = ("first_turn", "multi_turn")
-_SAMPLERS = {"first_turn": turns_lib.first_turn_sample,
-             "multi_turn": turns_lib.multi_turn_sample}
+_SAMPLERS = {"first_turn": turns_lib.first_turn_sample, "multi_turn": turns_lib.multi_turn_sample}
 
 
 @dataclasses.dataclass(frozen=True)
 class CollapseConfig:
   """When and how much of RAGEN-2's MI family to compute (defaults: RAGEN-2's)."""
-  compute_freq: int = 5         # every N steps and at step 1; 0 turns the MI family off
-  num_samples: int = 64         # first-turn pairs, drawn without replacement
+
+  compute_freq: int = 5  # every N steps and at step 1; 0 turns the MI family off
+  num_samples: int = 64  # first-turn pairs, drawn without replacement
   multi_turn_samples: int = 64  # multi-turn draws; each is a column, so cost grows as N^2
-  micro_batch: int = 64         # (x, z) pairs per jitted scoring call
+  micro_batch: int = 64  # (x, z) pairs per jitted scoring call
 
   def __post_init__(self):
     for name in ("compute_freq", "num_samples", "multi_turn_samples", "micro_batch"):
       value = getattr(self, name)
       if not isinstance(value, int) or value < (0 if name == "compute_freq" else 1):
-        raise ValueError(f"diagnostics.{name} must be a positive integer "
-                         f"(compute_freq may be 0), got {value!r}")
+        raise ValueError(
+            f"diagnostics.{name} must be a positive integer "
+            f"(compute_freq may be 0), got {value!r}"
+        )
 
   def due(self, step: int) -> bool:
     return self.compute_freq > 0 and (step == 1 or step % self.compute_freq == 0)
 
 
-def family_metrics(model, sample: turns_lib.Sample, *, pad_id: int, micro_batch: int,
-                   temperature: float, std_ema: Optional[float]) -> Dict[str, float]:
+def family_metrics(
+    model,
+    sample: turns_lib.Sample,
+    *,
+    pad_id: int,
+    micro_batch: int,
+    temperature: float,
+    std_ema: Optional[float],
+) -> Dict[str, float]:
   """mi_metrics of one sampled family under `model` (floats)."""
   logp_sum, num_tokens = scoring.cross_logprobs(
-      model, sample.reasonings, sample.prompts, pad_id=pad_id, micro_batch=micro_batch,
-      temperature=temperature)
-  m = mutual_info.mi_metrics(logp_sum, num_tokens, sample.prompt_index,
-                             column_ids_P=sample.column_ids,
-                             std_ema=None if std_ema is None else np.float32(std_ema))
+      model,
+      sample.reasonings,
+      sample.prompts,
+      pad_id=pad_id,
+      micro_batch=micro_batch,
+      temperature=temperature,
+  )
+  m = mutual_info.mi_metrics(
+      logp_sum,
+      num_tokens,
+      sample.prompt_index,
+      column_ids_P=sample.column_ids,
+      std_ema=None if std_ema is None else np.float32(std_ema),
+  )
   out = {k: float(v) for k, v in jax.device_get(m).items()}
   out["num_samples"] = float(sample.num_samples)
   out["num_columns"] = float(len(sample.prompts))
   return out
 
 
-def compute(model, turns: Sequence[turns_lib.Turn], cfg: CollapseConfig, rng: np.random.Generator,
-            std_ema: Dict[str, float], *, pad_id: int, temperature: float = 1.0
-            ) -> Tuple[Dict[str, float], Dict[str, float]]:
+def compute(
+    model,
+    turns: Sequence[turns_lib.Turn],
+    cfg: CollapseConfig,
+    rng: np.random.Generator,
+    std_ema: Dict[str, float],
+    *,
+    pad_id: int,
+    temperature: float = 1.0,
+) -> Tuple[Dict[str, float], Dict[str, float]]:
   """Both families on one step's turns: (metrics, updated per-family EMA of the marginal std).
 
   A family with no valid reasoning is skipped (its EMA is kept); `collapse/<family>/num_samples`
@@ -76,8 +102,14 @@ def compute(model, turns: Sequence[turns_lib.Turn], cfg: CollapseConfig, rng: np
     if sample is None:
       metrics[f"collapse/{family}/num_samples"] = 0.0
       continue
-    m = family_metrics(model, sample, pad_id=pad_id, micro_batch=cfg.micro_batch,
-                       temperature=temperature, std_ema=std_ema.get(family))
+    m = family_metrics(
+        model,
+        sample,
+        pad_id=pad_id,
+        micro_batch=cfg.micro_batch,
+        temperature=temperature,
+        std_ema=std_ema.get(family),
+    )
     new_ema[family] = m["marginal_std_ema"]
     metrics.update({f"collapse/{family}/{k}": v for k, v in m.items()})
     metrics[f"timing_s/collapse_{family}"] = time.perf_counter() - tic

@@ -18,6 +18,7 @@ chance is the same probability for k columns drawn at random. The MI z-score div
 estimate by the population std of marginal_i (+1e-3); its EMA variant divides by an exponential
 moving average (decay 0.9) of that std, carried by the caller.
 """
+
 from typing import Dict, Optional, Sequence
 
 import jax
@@ -36,9 +37,15 @@ def _chance_topk(identical_S, num_columns: int, k: int):
   return 1.0 - miss
 
 
-def mi_metrics(logp_sum_SxP: jax.Array, num_tokens_S: jax.Array, prompt_index_S: jax.Array, *,
-               column_ids_P: Optional[jax.Array] = None, std_ema: Optional[jax.Array] = None,
-               top_k: Sequence[int] = (1, 2, 4, 8)) -> Dict[str, jax.Array]:
+def mi_metrics(
+    logp_sum_SxP: jax.Array,
+    num_tokens_S: jax.Array,
+    prompt_index_S: jax.Array,
+    *,
+    column_ids_P: Optional[jax.Array] = None,
+    std_ema: Optional[jax.Array] = None,
+    top_k: Sequence[int] = (1, 2, 4, 8),
+) -> Dict[str, jax.Array]:
   """Mutual-information family of collapse metrics (pure, jit-able with static `top_k`).
 
   Args:

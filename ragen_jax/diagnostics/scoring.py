@@ -10,6 +10,7 @@ Dimensions: S sampled reasonings, P prompt columns (padded to Pp), W prompt widt
 left-padded), M pairs per micro-batch, C appended chunk width (bucketed, right-padded),
 L layers, K kv heads, Dh head size.
 """
+
 import functools
 from typing import Sequence, Tuple
 
@@ -32,17 +33,29 @@ def _prefill(graphdef, params, ids_PxW, mask_PxW, *, capacity: int) -> models.KV
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
-def _score(graphdef, params, cache: models.KVCache, column_M, chunk_MxC, chunk_mask_MxC,
-           target_mask_MxC, temperature):
+def _score(
+    graphdef,
+    params,
+    cache: models.KVCache,
+    column_M,
+    chunk_MxC,
+    chunk_mask_MxC,
+    target_mask_MxC,
+    temperature,
+):
   """Sum of log p(chunk[t] | ...) over target positions, each row over its column's prefix."""
   model = nnx.merge(graphdef, params)
-  rows = models.KVCache(k_LxBxSxKxDh=cache.k_LxBxSxKxDh[:, column_M],
-                        v_LxBxSxKxDh=cache.v_LxBxSxKxDh[:, column_M],
-                        mask_BxS=cache.mask_BxS[column_M], end_index=cache.end_index)
+  rows = models.KVCache(
+      k_LxBxSxKxDh=cache.k_LxBxSxKxDh[:, column_M],
+      v_LxBxSxKxDh=cache.v_LxBxSxKxDh[:, column_M],
+      mask_BxS=cache.mask_BxS[column_M],
+      end_index=cache.end_index,
+  )
   hidden_MxCxD, _ = model.backbone(chunk_MxC, chunk_mask_MxC, cache=rows)
   kernel_DxV = model.unembed_kernel().astype(model.config.dtype)
-  logp_MxC, _ = logprobs_lib.sequence_logprobs(hidden_MxCxD, kernel_DxV, chunk_MxC,
-                                               temperature=temperature, with_entropy=False)
+  logp_MxC, _ = logprobs_lib.sequence_logprobs(
+      hidden_MxCxD, kernel_DxV, chunk_MxC, temperature=temperature, with_entropy=False
+  )
   return jnp.sum(logp_MxC * target_mask_MxC, axis=1)
 
 
@@ -50,9 +63,15 @@ def _next_pow2(n: int) -> int:
   return 1 << max(n - 1, 0).bit_length()
 
 
-def cross_logprobs(model: models.Qwen2, reasonings: Sequence[Sequence[int]],
-                   prompts: Sequence[np.ndarray], *, pad_id: int, micro_batch: int = 64,
-                   temperature: float = 1.0) -> Tuple[np.ndarray, np.ndarray]:
+def cross_logprobs(
+    model: models.Qwen2,
+    reasonings: Sequence[Sequence[int]],
+    prompts: Sequence[np.ndarray],
+    *,
+    pad_id: int,
+    micro_batch: int = 64,
+    temperature: float = 1.0,
+) -> Tuple[np.ndarray, np.ndarray]:
   """(logp_sum_SxP, num_tokens_S): log p(z_i | x_j) summed over z_i's tokens, by teacher forcing.
 
   Args:
@@ -75,8 +94,8 @@ def cross_logprobs(model: models.Qwen2, reasonings: Sequence[Sequence[int]],
   for j, x in enumerate(prompts):
     n = len(x) - 1
     if n:
-      ids[j, width - n:] = x[:-1]
-      mask[j, width - n:] = 1
+      ids[j, width - n :] = x[:-1]
+      mask[j, width - n :] = 1
   graphdef, params = nnx.split(model)
   cache = _prefill(graphdef, params, jnp.asarray(ids), jnp.asarray(mask), capacity=width + chunk)
 
@@ -89,17 +108,26 @@ def cross_logprobs(model: models.Qwen2, reasonings: Sequence[Sequence[int]],
   chunk_mask = np.zeros((s, chunk), np.int32)
   target = np.zeros((s, chunk), np.float32)
   for i, z in enumerate(reasonings):
-    chunk_mask[i, :len(z) + 1] = 1
-    chunks[i, 1:len(z) + 1] = z
-    target[i, 1:len(z) + 1] = 1.0  # position 0 is x's last token: context, not z
+    chunk_mask[i, : len(z) + 1] = 1
+    chunks[i, 1 : len(z) + 1] = z
+    target[i, 1 : len(z) + 1] = 1.0  # position 0 is x's last token: context, not z
   last = np.array([x[-1] for x in prompts], np.int32)
   out = np.zeros((total,), np.float32)
   for start in range(0, total, m):
-    i, j = pairs[start:start + m, 0], pairs[start:start + m, 1]
+    i, j = pairs[start : start + m, 0], pairs[start : start + m, 1]
     rows = chunks[i].copy()
     rows[:, 0] = last[j]
-    out[start:start + m] = np.asarray(_score(
-        graphdef, params, cache, jnp.asarray(j), jnp.asarray(rows), jnp.asarray(chunk_mask[i]),
-        jnp.asarray(target[i]), jnp.float32(temperature)))
-  logp_sum_SxP = out[:s * p].reshape(s, p)
+    out[start : start + m] = np.asarray(
+        _score(
+            graphdef,
+            params,
+            cache,
+            jnp.asarray(j),
+            jnp.asarray(rows),
+            jnp.asarray(chunk_mask[i]),
+            jnp.asarray(target[i]),
+            jnp.float32(temperature),
+        )
+    )
+  logp_sum_SxP = out[: s * p].reshape(s, p)
   return logp_sum_SxP, np.array([len(z) for z in reasonings], np.int32)

@@ -14,6 +14,7 @@ Sampling (RAGEN-2, ../shared/reference/ragen.md §5):
     turn, then one of its valid turns uniformly; every draw is its own column.
 Columns with token-identical prompts share an id, so retrieving either counts as correct.
 """
+
 import dataclasses
 import re
 from typing import Dict, List, Sequence, Tuple
@@ -39,11 +40,12 @@ def reasoning_text(reply: str) -> str:
 @dataclasses.dataclass(frozen=True)
 class Turn:
   """One assistant turn: where it came from, its context x and its reasoning z (tokens)."""
-  episode: int                 # index over all episodes of the step (tags in order)
-  group: Tuple[str, int]       # (env tag, group id): episodes sharing a start state
-  turn: int                    # 0-based
-  context: np.ndarray          # int32 [|x|]
-  reasoning: Tuple[int, ...]   # z's tokens; empty = not a valid thinking turn
+
+  episode: int  # index over all episodes of the step (tags in order)
+  group: Tuple[str, int]  # (env tag, group id): episodes sharing a start state
+  turn: int  # 0-based
+  context: np.ndarray  # int32 [|x|]
+  reasoning: Tuple[int, ...]  # z's tokens; empty = not a valid thinking turn
 
 
 def collect_turns(results: Dict[str, object], tokenizer) -> List[Turn]:
@@ -84,10 +86,11 @@ def step_metrics(turns: Sequence[Turn]) -> Dict[str, float]:
 @dataclasses.dataclass(frozen=True)
 class Sample:
   """A sampled (x, z) set ready for scoring: z_i is scored under every column prompt x_j."""
-  reasonings: List[Tuple[int, ...]]   # S reasoning token tuples
-  prompts: List[np.ndarray]           # P column contexts
-  prompt_index: np.ndarray            # int32 [S], z_i's own column
-  column_ids: np.ndarray              # int32 [P], equal for token-identical prompts
+
+  reasonings: List[Tuple[int, ...]]  # S reasoning token tuples
+  prompts: List[np.ndarray]  # P column contexts
+  prompt_index: np.ndarray  # int32 [S], z_i's own column
+  column_ids: np.ndarray  # int32 [P], equal for token-identical prompts
 
   @property
   def num_samples(self) -> int:
@@ -99,8 +102,9 @@ def _column_ids(contexts: Sequence[np.ndarray]) -> np.ndarray:
   return np.array([seen.setdefault(c.tobytes(), len(seen)) for c in contexts], np.int32)
 
 
-def first_turn_sample(turns: Sequence[Turn], num_samples: int,
-                      rng: np.random.Generator) -> Sample | None:
+def first_turn_sample(
+    turns: Sequence[Turn], num_samples: int, rng: np.random.Generator
+) -> Sample | None:
   """Valid first turns without replacement; one column per env group present (None if none)."""
   valid = [t for t in turns if t.turn == 0 and t.reasoning]
   if not valid:
@@ -114,14 +118,20 @@ def first_turn_sample(turns: Sequence[Turn], num_samples: int,
       columns[t.group] = len(contexts)
       contexts.append(t.context)
     elif not np.array_equal(contexts[columns[t.group]], t.context):
-      raise ValueError(f"first-turn prompts of group {t.group} differ; a group must share its "
-                       "start state")
-  return Sample([t.reasoning for t in chosen], contexts,
-                np.array([columns[t.group] for t in chosen], np.int32), _column_ids(contexts))
+      raise ValueError(
+          f"first-turn prompts of group {t.group} differ; a group must share its " "start state"
+      )
+  return Sample(
+      [t.reasoning for t in chosen],
+      contexts,
+      np.array([columns[t.group] for t in chosen], np.int32),
+      _column_ids(contexts),
+  )
 
 
-def multi_turn_sample(turns: Sequence[Turn], num_samples: int,
-                      rng: np.random.Generator) -> Sample | None:
+def multi_turn_sample(
+    turns: Sequence[Turn], num_samples: int, rng: np.random.Generator
+) -> Sample | None:
   """`num_samples` draws with replacement: an episode, then one of its valid turns."""
   by_episode: Dict[int, List[Turn]] = {}
   for t in turns:
@@ -135,5 +145,9 @@ def multi_turn_sample(turns: Sequence[Turn], num_samples: int,
     options = by_episode[episodes[e]]
     chosen.append(options[rng.integers(len(options))])
   contexts = [t.context for t in chosen]
-  return Sample([t.reasoning for t in chosen], contexts, np.arange(len(chosen), dtype=np.int32),
-                _column_ids(contexts))
+  return Sample(
+      [t.reasoning for t in chosen],
+      contexts,
+      np.arange(len(chosen), dtype=np.int32),
+      _column_ids(contexts),
+  )

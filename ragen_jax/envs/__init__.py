@@ -1,12 +1,13 @@
 """RAGEN's environments as pure JAX functions.
 
-  from ragen_jax import envs
-  env = envs.make("sokoban", dim_room=(6, 6), num_boxes=1, max_steps=100)
-  state = env.reset(key)                                    # pure; vmap over keys
-  state, reward, done, info = env.step(key, state, action)  # pure; int32 action index
-  text = env.render(state)                                  # host side, RAGEN's grid text
-  state = env.from_text(text)                               # inverse of render (grid format)
+from ragen_jax import envs
+env = envs.make("sokoban", dim_room=(6, 6), num_boxes=1, max_steps=100)
+state = env.reset(key)                                    # pure; vmap over keys
+state, reward, done, info = env.step(key, state, action)  # pure; int32 action index
+text = env.render(state)                                  # host side, RAGEN's grid text
+state = env.from_text(text)                               # inverse of render (grid format)
 """
+
 from typing import Any, Dict, Type
 
 from ragen_jax.envs import base

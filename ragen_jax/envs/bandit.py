@@ -5,6 +5,7 @@ in random order; action i pulls the i-th arm as rendered. The low-risk arm pays
 `lo_arm_score`; the high-risk arm pays `hi_arm_hiscore` with probability `hi_arm_hiscore_prob`,
 else `hi_arm_loscore`. One step ends the episode; success means the high-risk arm was pulled.
 """
+
 import dataclasses
 import re
 from typing import Tuple
@@ -17,15 +18,30 @@ from ragen_jax.envs import base
 
 # RAGEN's arm-name pairs (low-risk name, high-risk name).
 ARM_NAMES = {
-    "train": (("Teacher", "Trader"), ("Nurse", "StartupFounder"), ("Librarian", "Investor"),
-              ("Accountant", "StockBroker"), ("Engineer", "RealEstateAgent"),
-              ("Pharmacist", "Musician"), ("Clerk", "Freelancer"), ("Technician", "Youtuber"),
-              ("Planner", "Artist"), ("Postman", "Pilot"), ("Banker", "VentureCapitalist"),
-              ("Gardener", "Cryptominer")),
-    "test": (("Receptionist", "Explorer"), ("Archivist", "Filmmaker"),
-             ("Bookkeeper", "Consultant"), ("SocialWorker", "Photographer"),
-             ("Mechanic", "GameDesigner"), ("Secretary", "Entrepreneur"),
-             ("Cashier", "DataScientist"), ("CivilServant", "StartupAccelerator")),
+    "train": (
+        ("Teacher", "Trader"),
+        ("Nurse", "StartupFounder"),
+        ("Librarian", "Investor"),
+        ("Accountant", "StockBroker"),
+        ("Engineer", "RealEstateAgent"),
+        ("Pharmacist", "Musician"),
+        ("Clerk", "Freelancer"),
+        ("Technician", "Youtuber"),
+        ("Planner", "Artist"),
+        ("Postman", "Pilot"),
+        ("Banker", "VentureCapitalist"),
+        ("Gardener", "Cryptominer"),
+    ),
+    "test": (
+        ("Receptionist", "Explorer"),
+        ("Archivist", "Filmmaker"),
+        ("Bookkeeper", "Consultant"),
+        ("SocialWorker", "Photographer"),
+        ("Mechanic", "GameDesigner"),
+        ("Secretary", "Entrepreneur"),
+        ("Cashier", "DataScientist"),
+        ("CivilServant", "StartupAccelerator"),
+    ),
 }
 
 # RAGEN's prompt, including its trailing spaces.
@@ -36,22 +52,24 @@ PROMPT = (
     "to guess how their reward distribution might behave.\n4. Based on the symbolic meaning of "
     "their names, which arm do you think is more likely to give higher rewards on average? "
     "Choose between {a} and {b}, and output like <answer> {a} </answer> or <answer> {b} "
-    "</answer>.\n")
+    "</answer>.\n"
+)
 _PROMPT_NAMES = re.compile(r"There are 2 arms, named (\S+) and (\S+)\n")
 
 
 @struct.dataclass
 class BanditState:
-  pair: jax.Array         # int32 index into ARM_NAMES[split]
-  hi_first: jax.Array     # bool: action 0 is the high-risk arm
+  pair: jax.Array  # int32 index into ARM_NAMES[split]
+  hi_first: jax.Array  # bool: action 0 is the high-risk arm
   last_action: jax.Array  # int32, -1 before the pull
   last_reward: jax.Array  # float32
-  done: jax.Array         # bool
+  done: jax.Array  # bool
 
 
 @dataclasses.dataclass(frozen=True)
 class Bandit(base.Env):
   """Two named arms; `action_names_for(state)` gives the names in action order."""
+
   name = "bandit"
   action_names = ("first arm", "second arm")
 
@@ -65,8 +83,9 @@ class Bandit(base.Env):
     if self.split not in ARM_NAMES:
       raise ValueError(f"bandit split must be one of {sorted(ARM_NAMES)}, got {self.split!r}.")
     if not 0.0 <= self.hi_arm_hiscore_prob <= 1.0:
-      raise ValueError(f"bandit hi_arm_hiscore_prob must be in [0, 1], got "
-                       f"{self.hi_arm_hiscore_prob}.")
+      raise ValueError(
+          f"bandit hi_arm_hiscore_prob must be in [0, 1], got " f"{self.hi_arm_hiscore_prob}."
+      )
 
   @property
   def pairs(self) -> Tuple[Tuple[str, str], ...]:
@@ -83,15 +102,19 @@ class Bandit(base.Env):
     valid = (action >= 0) & (action < 2)
     active = valid & ~state.done
     pulled_hi = (action == 0) == state.hi_first
-    hi_payout = jnp.where(jax.random.uniform(key) < self.hi_arm_hiscore_prob,
-                          self.hi_arm_hiscore, self.hi_arm_loscore)
+    hi_payout = jnp.where(
+        jax.random.uniform(key) < self.hi_arm_hiscore_prob, self.hi_arm_hiscore, self.hi_arm_loscore
+    )
     reward = jnp.where(pulled_hi, hi_payout, self.lo_arm_score)
     reward = jnp.where(active, reward, 0.0).astype(jnp.float32)
     new_state = BanditState(
-        state.pair, state.hi_first, jnp.where(active, action, state.last_action),
-        jnp.where(active, reward, state.last_reward), state.done | active)
-    info = {"success": active & pulled_hi, "action_is_valid": valid,
-            "action_is_effective": active}
+        state.pair,
+        state.hi_first,
+        jnp.where(active, action, state.last_action),
+        jnp.where(active, reward, state.last_reward),
+        state.done | active,
+    )
+    info = {"success": active & pulled_hi, "action_is_valid": valid, "action_is_effective": active}
     return new_state, reward, new_state.done, info
 
   def action_names_for(self, state: BanditState) -> Tuple[str, str]:
@@ -115,6 +138,7 @@ class Bandit(base.Env):
     a, b = match.groups()
     for i, (lo, hi) in enumerate(self.pairs):
       if {a, b} == {lo, hi}:
-        return BanditState(jnp.int32(i), jnp.bool_(a == hi), jnp.int32(-1), jnp.float32(0.0),
-                           jnp.bool_(False))
+        return BanditState(
+            jnp.int32(i), jnp.bool_(a == hi), jnp.int32(-1), jnp.float32(0.0), jnp.bool_(False)
+        )
     raise ValueError(f"Arms {a!r} and {b!r} are not a pair of the {self.split!r} split.")

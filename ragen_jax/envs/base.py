@@ -14,6 +14,7 @@ Stepping a finished episode is a no-op with zero reward (the batch keeps its sta
 other episodes continue). An out-of-range action is a no-op that costs no step and reports
 `action_is_valid=False`.
 """
+
 import abc
 import dataclasses
 from typing import Any, Dict, Sequence, Tuple
@@ -77,6 +78,7 @@ def flood_fill(seed_HxW: jax.Array, passable_HxW: jax.Array, steps: int) -> jax.
   A fixed step count (at least the longest shortest path) keeps shapes and trip counts static,
   so it vmaps without waiting on the slowest lane of a `while_loop`.
   """
+
   def grow(_, reach):
     pad = jnp.pad(reach, 1)
     near = pad[:-2, 1:-1] | pad[2:, 1:-1] | pad[1:-1, :-2] | pad[1:-1, 2:]
@@ -123,5 +125,6 @@ def check_options(cls: type, kwargs: Dict[str, Any]) -> None:
   valid = [f.name for f in dataclasses.fields(cls) if f.init]
   for key in kwargs:
     if key not in valid:
-      raise ValueError(f"Unknown option {key!r} for environment {cls.name!r}; "
-                       f"valid options: {valid}.")
+      raise ValueError(
+          f"Unknown option {key!r} for environment {cls.name!r}; " f"valid options: {valid}."
+      )

@@ -8,6 +8,7 @@ Down, Right, Up; slippery moves go the intended way with probability `success_ra
 perpendicular way with half the rest; a move into the border leaves the player in place.
 Reaching the goal pays 1 and ends the episode; a hole ends it with 0; `max_steps` bounds it.
 """
+
 import dataclasses
 from typing import Dict
 
@@ -24,32 +25,39 @@ from ragen_jax.envs import base
 _DELTAS = np.array([[0, -1], [1, 0], [0, 1], [-1, 0]], np.int32)
 FROZEN, HOLE, GOAL = 0, 1, 2
 _SYMBOLS = "P_OGX√"
-_LEGEND = (("P", "player"), ("_", "empty"), ("O", "hole"), ("G", "goal"),
-           ("X", "player in hole"), ("√", "player on goal"))
+_LEGEND = (
+    ("P", "player"),
+    ("_", "empty"),
+    ("O", "hole"),
+    ("G", "goal"),
+    ("X", "player in hole"),
+    ("√", "player on goal"),
+)
 _MAX_ROUNDS = 64
 
 
 @struct.dataclass
 class FrozenLakeState:
-  tiles_SxS: jax.Array   # int8: 0 frozen, 1 hole, 2 goal
-  start_rc: jax.Array    # int32[2] (shown as frozen in the grid, listed in the coordinates)
-  player_rc: jax.Array   # int32[2]
-  num_steps: jax.Array   # int32
-  done: jax.Array        # bool
+  tiles_SxS: jax.Array  # int8: 0 frozen, 1 hole, 2 goal
+  start_rc: jax.Array  # int32[2] (shown as frozen in the grid, listed in the coordinates)
+  player_rc: jax.Array  # int32[2]
+  num_steps: jax.Array  # int32
+  done: jax.Array  # bool
 
 
 @dataclasses.dataclass(frozen=True)
 class FrozenLake(base.Env):
   """RAGEN's FrozenLake: a new random map at every reset."""
+
   name = "frozenlake"
   action_names = ("Left", "Down", "Right", "Up")
 
   size: int = 4
-  p: float = 0.9               # probability that a tile is frozen (not a hole)
-  success_rate: float = 0.8    # probability that a move goes the intended way
+  p: float = 0.9  # probability that a tile is frozen (not a hole)
+  success_rate: float = 0.8  # probability that a move goes the intended way
   is_slippery: bool = True
   max_steps: int = 100
-  num_candidates: int = 8      # maps drawn per round; the first valid one is used
+  num_candidates: int = 8  # maps drawn per round; the first valid one is used
 
   def __post_init__(self):
     if self.size < 2:
@@ -82,7 +90,8 @@ class FrozenLake(base.Env):
   def reset(self, key: jax.Array) -> FrozenLakeState:
     def draw(k):
       valid_M, tiles_M, start_M, _ = jax.vmap(self._candidate)(
-          jax.random.split(k, self.num_candidates))
+          jax.random.split(k, self.num_candidates)
+      )
       i = jnp.argmax(valid_M)
       return valid_M[i], tiles_M[i], start_M[i]
 
@@ -91,8 +100,10 @@ class FrozenLake(base.Env):
       return round_ + 1, draw(jax.random.fold_in(key, round_))
 
     _, (_, tiles, start) = lax.while_loop(
-        lambda c: ~c[1][0] & (c[0] < _MAX_ROUNDS), body,
-        (jnp.int32(1), draw(jax.random.fold_in(key, 0))))
+        lambda c: ~c[1][0] & (c[0] < _MAX_ROUNDS),
+        body,
+        (jnp.int32(1), draw(jax.random.fold_in(key, 0))),
+    )
     start_rc = jnp.stack([start // self.size, start % self.size]).astype(jnp.int32)
     return FrozenLakeState(tiles, start_rc, start_rc, jnp.int32(0), jnp.bool_(False))
 
@@ -116,30 +127,43 @@ class FrozenLake(base.Env):
     num_steps = state.num_steps + active.astype(jnp.int32)
     done = state.done | success | (tile == HOLE) | (num_steps >= self.max_steps)
     new_state = state.replace(player_rc=player, num_steps=num_steps, done=done)
-    info = {"success": success, "action_is_valid": valid,
-            "action_is_effective": jnp.any(player != state.player_rc)}
+    info = {
+        "success": success,
+        "action_is_valid": valid,
+        "action_is_effective": jnp.any(player != state.player_rc),
+    }
     return new_state, reward, done, info
 
   # ---------------------------------------------------------------- host side
 
   def render(self, state: FrozenLakeState, fmt: str = "grid") -> str:
     base.check_format(fmt)
-    tiles, start, player = (np.asarray(x) for x in jax.device_get(
-        (state.tiles_SxS, state.start_rc, state.player_rc)))
+    tiles, start, player = (
+        np.asarray(x) for x in jax.device_get((state.tiles_SxS, state.start_rc, state.player_rc))
+    )
     player_mask = np.zeros(tiles.shape, bool)
     player_mask[player[0], player[1]] = True
     start_mask = np.zeros(tiles.shape, bool)
     start_mask[start[0], start[1]] = True
     sym = np.where(tiles == HOLE, "O", np.where(tiles == GOAL, "G", "_"))
-    sym = np.where(player_mask, np.where(tiles == HOLE, "X", np.where(tiles == GOAL, "√", "P")),
-                   sym)
+    sym = np.where(
+        player_mask, np.where(tiles == HOLE, "X", np.where(tiles == GOAL, "√", "P")), sym
+    )
     grid = "\n".join("".join(row) for row in sym)
     if fmt == "grid":
       return grid
     on = lambda code: player_mask & (tiles == code)
-    coord = base.coord_block(tiles.shape, [
-        ("Start", start_mask), ("Goal", tiles == GOAL), ("Player", on(FROZEN)),
-        ("Player on goal", on(GOAL)), ("Player in hole", on(HOLE)), ("Holes", tiles == HOLE)])
+    coord = base.coord_block(
+        tiles.shape,
+        [
+            ("Start", start_mask),
+            ("Goal", tiles == GOAL),
+            ("Player", on(FROZEN)),
+            ("Player on goal", on(GOAL)),
+            ("Player in hole", on(HOLE)),
+            ("Holes", tiles == HOLE),
+        ],
+    )
     return coord if fmt == "coord" else base.grid_coord(coord, grid)
 
   def from_text(self, text: str) -> FrozenLakeState:
@@ -150,10 +174,13 @@ class FrozenLake(base.Env):
     players = np.argwhere(np.isin(grid, ["P", "X", "√"]))
     goals = np.argwhere(np.isin(grid, ["G", "√"]))
     if len(players) != 1 or len(goals) != 1:
-      raise ValueError(f"FrozenLake grid needs one player and one goal, found {len(players)} "
-                       f"and {len(goals)}.")
-    tiles = np.where(np.isin(grid, ["O", "X"]), HOLE,
-                     np.where(np.isin(grid, ["G", "√"]), GOAL, FROZEN)).astype(np.int8)
+      raise ValueError(
+          f"FrozenLake grid needs one player and one goal, found {len(players)} "
+          f"and {len(goals)}."
+      )
+    tiles = np.where(
+        np.isin(grid, ["O", "X"]), HOLE, np.where(np.isin(grid, ["G", "√"]), GOAL, FROZEN)
+    ).astype(np.int8)
     player = jnp.asarray(players[0], jnp.int32)
     done = bool(grid[tuple(players[0])] in ("X", "√"))
     return FrozenLakeState(jnp.asarray(tiles), player, player, jnp.int32(0), jnp.bool_(done))

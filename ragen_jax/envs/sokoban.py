@@ -8,6 +8,7 @@ a second box behind the first, blocks the push and the move is a no-op that stil
 Reward per step: -0.1; +1 when a box lands on a target; -1 when one leaves a target; +10 more
 when every box is on a target. Done when solved or after `max_steps` steps.
 """
+
 import collections
 import dataclasses
 from typing import Dict, List, Optional, Tuple
@@ -25,18 +26,26 @@ _DELTAS = np.array([[-1, 0], [1, 0], [0, -1], [0, 1]], np.int32)
 # Cell codes of `fixed_HxW`.
 WALL, FLOOR, TARGET = 0, 1, 2
 _SYMBOLS = "#_O√XPS"
-_LEGEND = (("#", "wall"), ("_", "empty"), ("O", "target"), ("√", "box on target"),
-           ("X", "box"), ("P", "player"), ("S", "player on target"))
+_LEGEND = (
+    ("#", "wall"),
+    ("_", "empty"),
+    ("O", "target"),
+    ("√", "box on target"),
+    ("X", "box"),
+    ("P", "player"),
+    ("S", "player on target"),
+)
 
 
 @struct.dataclass
 class SokobanState:
   """Cells are flat indices r * W + c; the grid views below work on batched states too."""
-  fixed_HxW: jax.Array   # int8: 0 wall, 1 floor, 2 target (never changes)
-  boxes_K: jax.Array     # int32[K]: the boxes' cells (K static: boxes are never created)
-  player: jax.Array      # int32: the player's cell
-  num_steps: jax.Array   # int32: steps taken
-  done: jax.Array        # bool
+
+  fixed_HxW: jax.Array  # int8: 0 wall, 1 floor, 2 target (never changes)
+  boxes_K: jax.Array  # int32[K]: the boxes' cells (K static: boxes are never created)
+  player: jax.Array  # int32: the player's cell
+  num_steps: jax.Array  # int32: steps taken
+  done: jax.Array  # bool
 
   @property
   def boxes_HxW(self) -> jax.Array:
@@ -54,16 +63,17 @@ class SokobanState:
 @dataclasses.dataclass(frozen=True)
 class Sokoban(base.Env):
   """Sokoban with on-device level generation in `reset` (see sokoban_generator)."""
+
   name = "sokoban"
   action_names = ("Up", "Down", "Left", "Right")
 
   dim_room: Tuple[int, int] = (6, 6)
   num_boxes: int = 1
   max_steps: int = 100
-  search_depth: int = 40       # steps of each reverse walk (RAGEN: the reverse DFS depth)
+  search_depth: int = 40  # steps of each reverse walk (RAGEN: the reverse DFS depth)
   num_reverse_walks: int = 32  # parallel reverse walks per room
   num_gen_steps: Optional[int] = None  # topology walk; None -> int(1.7 * (H + W))
-  num_candidates: int = 4      # rooms drawn per try (RAGEN: 4 topology tries)
+  num_candidates: int = 4  # rooms drawn per try (RAGEN: 4 topology tries)
   step_reward: float = -0.1
   box_on_target_reward: float = 1.0
   solved_reward: float = 10.0
@@ -93,13 +103,24 @@ class Sokoban(base.Env):
     h, w = self.dim_room
     gen_steps = self.num_gen_steps or int(1.7 * (h + w))
     floor_BxN, targets_BxK, boxes_BxK, player_B, _ = sokoban_generator.generate(
-        keys_B, self.dim_room, self.num_boxes, gen_steps, self.search_depth,
-        self.num_reverse_walks, self.num_candidates)
+        keys_B,
+        self.dim_room,
+        self.num_boxes,
+        gen_steps,
+        self.search_depth,
+        self.num_reverse_walks,
+        self.num_candidates,
+    )
     batch = keys_B.shape[0]
     is_target = jnp.any(targets_BxK[:, :, None] == jnp.arange(h * w)[None, None, :], axis=1)
     fixed = jnp.where(is_target, TARGET, jnp.where(floor_BxN, FLOOR, WALL)).astype(jnp.int8)
-    return SokobanState(fixed.reshape(batch, h, w), boxes_BxK, player_B,
-                        jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), jnp.bool_))
+    return SokobanState(
+        fixed.reshape(batch, h, w),
+        boxes_BxK,
+        player_B,
+        jnp.zeros((batch,), jnp.int32),
+        jnp.zeros((batch,), jnp.bool_),
+    )
 
   def step(self, key, state: SokobanState, action) -> base.StepResult:
     del key  # Deterministic dynamics.
@@ -131,9 +152,11 @@ class Sokoban(base.Env):
     on_before = jnp.sum(target_N[state.boxes_K])
     on_after = jnp.sum(target_N[boxes_K])
     solved = on_after == self.num_boxes
-    reward = (self.step_reward
-              + self.box_on_target_reward * (on_after - on_before).astype(jnp.float32)
-              + jnp.where(solved, self.solved_reward, 0.0))
+    reward = (
+        self.step_reward
+        + self.box_on_target_reward * (on_after - on_before).astype(jnp.float32)
+        + jnp.where(solved, self.solved_reward, 0.0)
+    )
     reward = jnp.where(active, reward, 0.0).astype(jnp.float32)
     num_steps = state.num_steps + active.astype(jnp.int32)
     done = state.done | solved | (num_steps >= self.max_steps)
@@ -145,16 +168,24 @@ class Sokoban(base.Env):
 
   def render(self, state: SokobanState, fmt: str = "grid") -> str:
     base.check_format(fmt)
-    fixed, boxes, player = (np.asarray(x) for x in jax.device_get(
-        (state.fixed_HxW, state.boxes_HxW, state.player_rc)))
+    fixed, boxes, player = (
+        np.asarray(x) for x in jax.device_get((state.fixed_HxW, state.boxes_HxW, state.player_rc))
+    )
     target = fixed == TARGET
     player_mask = np.zeros_like(boxes)
     player_mask[player[0], player[1]] = True
     if fmt == "grid":
       return _grid_text(fixed, boxes, player_mask)
-    coord = base.coord_block(self.dim_room, [
-        ("Targets", target), ("Boxes", boxes & ~target), ("Boxes on target", boxes & target),
-        ("Player", player_mask & ~target), ("Player on target", player_mask & target)])
+    coord = base.coord_block(
+        self.dim_room,
+        [
+            ("Targets", target),
+            ("Boxes", boxes & ~target),
+            ("Boxes on target", boxes & target),
+            ("Player", player_mask & ~target),
+            ("Player on target", player_mask & target),
+        ],
+    )
     if fmt == "coord":
       return coord
     return base.grid_coord(coord, _grid_text(fixed, boxes, player_mask))
@@ -169,14 +200,20 @@ class Sokoban(base.Env):
     boxes = (grid == "X") | (grid == "√")
     targets = (grid == "O") | (grid == "√") | (grid == "S")
     if boxes.sum() != self.num_boxes or targets.sum() != self.num_boxes:
-      raise ValueError(f"Grid has {boxes.sum()} boxes and {targets.sum()} targets; this env "
-                       f"has num_boxes={self.num_boxes}.")
+      raise ValueError(
+          f"Grid has {boxes.sum()} boxes and {targets.sum()} targets; this env "
+          f"has num_boxes={self.num_boxes}."
+      )
     fixed = np.where(grid == "#", WALL, np.where(targets, TARGET, FLOOR)).astype(np.int8)
     solved = bool((boxes & targets).sum() == self.num_boxes)
     w = self.dim_room[1]
-    return SokobanState(jnp.asarray(fixed), jnp.asarray(np.flatnonzero(boxes), jnp.int32),
-                        jnp.int32(players[0][0] * w + players[0][1]), jnp.int32(0),
-                        jnp.bool_(solved))
+    return SokobanState(
+        jnp.asarray(fixed),
+        jnp.asarray(np.flatnonzero(boxes), jnp.int32),
+        jnp.int32(players[0][0] * w + players[0][1]),
+        jnp.int32(0),
+        jnp.bool_(solved),
+    )
 
 
 def _grid_text(fixed: np.ndarray, boxes: np.ndarray, player: np.ndarray) -> str:
@@ -199,8 +236,10 @@ def solve(state: SokobanState, max_depth: int = 100) -> Optional[List[int]]:
   h, w = fixed.shape
   walls = {(r, c) for r, c in np.argwhere(fixed == WALL)}
   targets = frozenset((int(r), int(c)) for r, c in np.argwhere(fixed == TARGET))
-  start = ((int(player[0]), int(player[1])),
-           frozenset((int(r), int(c)) for r, c in np.argwhere(np.asarray(boxes))))
+  start = (
+      (int(player[0]), int(player[1])),
+      frozenset((int(r), int(c)) for r, c in np.argwhere(np.asarray(boxes))),
+  )
   if start[1] == targets:
     return []
   parents = {start: None}

@@ -24,6 +24,7 @@ A room is accepted when placement fits and some box moved; M candidates are draw
 and the first accepted one is used; rounds repeat (rarely) until one is accepted. Every level
 is solvable because each reverse pull is undone by a push and the shuffle walks free cells.
 """
+
 import functools
 from typing import Tuple
 
@@ -38,13 +39,16 @@ from ragen_jax.envs import base
 # jnp: importing the package must not start a JAX backend (jax.distributed.initialize comes first).
 _WALK_DIRS = np.array([[1, 0], [0, 1], [-1, 0], [0, -1]], np.int32)
 # The five 3x3 floor stamps of gym-sokoban's topology walk, centred on the walker.
-_MASKS_5x3x3 = np.array([
-    [[0, 0, 0], [1, 1, 1], [0, 0, 0]],
-    [[0, 1, 0], [0, 1, 0], [0, 1, 0]],
-    [[0, 0, 0], [1, 1, 0], [0, 1, 0]],
-    [[0, 0, 0], [1, 1, 0], [1, 1, 0]],
-    [[0, 0, 0], [0, 1, 1], [0, 1, 0]],
-], np.bool_)
+_MASKS_5x3x3 = np.array(
+    [
+        [[0, 0, 0], [1, 1, 1], [0, 0, 0]],
+        [[0, 1, 0], [0, 1, 0], [0, 1, 0]],
+        [[0, 0, 0], [1, 1, 0], [0, 1, 0]],
+        [[0, 0, 0], [1, 1, 0], [1, 1, 0]],
+        [[0, 0, 0], [0, 1, 1], [0, 1, 0]],
+    ],
+    np.bool_,
+)
 _CHANGE_DIRECTION_PROB = 0.35
 _MAX_ROUNDS = 64
 _CHUNK = 256
@@ -62,9 +66,11 @@ def topology(key: jax.Array, dim: Tuple[int, int], num_steps: int) -> jax.Array:
 
   # All randomness is drawn up front: one threefry call per array keeps compiles short.
   k_change, k_new, k_mask = jax.random.split(k_walk, 3)
-  draws = (jax.random.uniform(k_change, (num_steps,)) < _CHANGE_DIRECTION_PROB,
-           jax.random.randint(k_new, (num_steps,), 0, 4),
-           jax.random.randint(k_mask, (num_steps,), 0, 5))
+  draws = (
+      jax.random.uniform(k_change, (num_steps,)) < _CHANGE_DIRECTION_PROB,
+      jax.random.randint(k_new, (num_steps,), 0, 4),
+      jax.random.randint(k_mask, (num_steps,), 0, 5),
+  )
 
   def walk_step(carry, draw):
     pos, direction, floor = carry
@@ -102,11 +108,11 @@ def _reverse_walk(key, floor_N, player, targets_K, width, length):
     swaps = swaps + (any_pull & (idx != last)).astype(jnp.int32)
     last = jnp.where(any_pull, idx, last)
     player = jnp.where(free, new, player)
-    on_target = (jnp.any(boxes_K[:, None] == targets_K[None, :])
-                 | jnp.any(player == targets_K))
+    on_target = jnp.any(boxes_K[:, None] == targets_K[None, :]) | jnp.any(player == targets_K)
     score = jnp.where(on_target, 0, swaps * jnp.sum(_manhattan(boxes_K, targets_K, width)))
-    best = jax.tree.map(lambda new_, old: jnp.where(score > best[0], new_, old),
-                        (score, player, boxes_K), best)
+    best = jax.tree.map(
+        lambda new_, old: jnp.where(score > best[0], new_, old), (score, player, boxes_K), best
+    )
     return (player, boxes_K, last, swaps, best), None
 
   init = (player, targets_K, jnp.int32(-1), jnp.int32(0), (jnp.int32(0), player, targets_K))
@@ -123,8 +129,11 @@ def _shuffle_player(key, floor_N, boxes_K, player, displacement, width):
   visited = jnp.full((4,), -1, jnp.int32).at[0].set(player)
   for i in range(3):
     cand_4 = player + deltas
-    ok_4 = (floor_N[cand_4] & ~jnp.any(cand_4[:, None] == boxes_K[None, :], axis=1)
-            & ~jnp.any(cand_4[:, None] == visited[None, :], axis=1))
+    ok_4 = (
+        floor_N[cand_4]
+        & ~jnp.any(cand_4[:, None] == boxes_K[None, :], axis=1)
+        & ~jnp.any(cand_4[:, None] == visited[None, :], axis=1)
+    )
     pick = jnp.argmax(jnp.where(ok_4, u_pick_3x4[i], -1.0))
     moving = going & jnp.any(ok_4)
     player = jnp.where(moving, cand_4[pick], player)
@@ -162,14 +171,20 @@ def _candidate(key, dim, num_boxes, num_gen_steps, search_depth, num_walks, num_
   w = dim[1]
   k_rooms, k_walks, k_shuffle = jax.random.split(key, 3)
   usable_M, floor_MxN, player_M, targets_MxK = jax.vmap(
-      functools.partial(_room, dim=dim, num_boxes=num_boxes, num_gen_steps=num_gen_steps))(
-          jax.random.split(k_rooms, num_candidates))
+      functools.partial(_room, dim=dim, num_boxes=num_boxes, num_gen_steps=num_gen_steps)
+  )(jax.random.split(k_rooms, num_candidates))
   i = jnp.argmax(usable_M)  # The first usable room, as RAGEN's sequential tries.
   floor_N, player, targets_K = floor_MxN[i], player_M[i], targets_MxK[i]
-  walk = functools.partial(_reverse_walk, floor_N=floor_N, player=player,
-                           targets_K=targets_K, width=w, length=search_depth)
-  scores_R, players_R, boxes_RxK = jax.vmap(lambda k: walk(k))(
-      jax.random.split(k_walks, num_walks))
+  walk = functools.partial(
+      _reverse_walk,
+      floor_N=floor_N,
+      player=player,
+      targets_K=targets_K,
+      width=w,
+      length=search_depth,
+  )
+  walks = jax.vmap(lambda k: walk(k))  # pylint: disable=unnecessary-lambda  (a plain function)
+  scores_R, players_R, boxes_RxK = walks(jax.random.split(k_walks, num_walks))
   best = jnp.argmax(scores_R)
   boxes_K, player = boxes_RxK[best], players_R[best]
   displacement = jnp.sum(_manhattan(boxes_K, targets_K, w))
@@ -178,8 +193,15 @@ def _candidate(key, dim, num_boxes, num_gen_steps, search_depth, num_walks, num_
   return accepted, floor_N, targets_K, boxes_K, player
 
 
-def generate(keys_B: jax.Array, dim: Tuple[int, int], num_boxes: int, num_gen_steps: int,
-             search_depth: int, num_walks: int, num_candidates: int):
+def generate(
+    keys_B: jax.Array,
+    dim: Tuple[int, int],
+    num_boxes: int,
+    num_gen_steps: int,
+    search_depth: int,
+    num_walks: int,
+    num_candidates: int,
+):
   """Generates a batch of levels, one per key.
 
   Each level is the first accepted round of `_candidate(fold_in(key, r))` for r = 0, 1, ...,
@@ -201,11 +223,18 @@ def generate(keys_B: jax.Array, dim: Tuple[int, int], num_boxes: int, num_gen_st
     accepted_B bool); `accepted` is False only if a level failed `_MAX_ROUNDS` rounds, which
     the tests check never happens.
   """
-  h, w = dim
   batch = keys_B.shape[0]
-  attempt = jax.vmap(functools.partial(
-      _candidate, dim=dim, num_boxes=num_boxes, num_gen_steps=num_gen_steps,
-      search_depth=search_depth, num_walks=num_walks, num_candidates=num_candidates))
+  attempt = jax.vmap(
+      functools.partial(
+          _candidate,
+          dim=dim,
+          num_boxes=num_boxes,
+          num_gen_steps=num_gen_steps,
+          search_depth=search_depth,
+          num_walks=num_walks,
+          num_candidates=num_candidates,
+      )
+  )
   retry_slots = min(batch, 8)
   fold = jax.vmap(jax.random.fold_in)
 
@@ -221,17 +250,26 @@ def generate(keys_B: jax.Array, dim: Tuple[int, int], num_boxes: int, num_gen_st
     fresh = attempt(fold(keys_B[idx_S], tries_B[idx_S]))
     result = jax.tree.map(
         lambda old, new: old.at[idx_S].set(
-            jnp.where(redo_S.reshape((-1,) + (1,) * (new.ndim - 1)), new, old[idx_S])),
-        result, fresh)
+            jnp.where(redo_S.reshape((-1,) + (1,) * (new.ndim - 1)), new, old[idx_S])
+        ),
+        result,
+        fresh,
+    )
     return tries_B.at[idx_S].add(redo_S.astype(jnp.int32)), result
 
   # Large batches run in chunks: the reverse walks' working set of a whole 4096-level batch
   # spills out of the CPU caches, and chunks of 256 levels run about 1.5x faster per level.
   one = functools.partial(
-      _candidate, dim=dim, num_boxes=num_boxes, num_gen_steps=num_gen_steps,
-      search_depth=search_depth, num_walks=num_walks, num_candidates=num_candidates)
-  first = lax.map(one, fold(keys_B, jnp.zeros((batch,), jnp.int32)),
-                  batch_size=min(batch, _CHUNK))
+      _candidate,
+      dim=dim,
+      num_boxes=num_boxes,
+      num_gen_steps=num_gen_steps,
+      search_depth=search_depth,
+      num_walks=num_walks,
+      num_candidates=num_candidates,
+  )
+  first = lax.map(one, fold(keys_B, jnp.zeros((batch,), jnp.int32)), batch_size=min(batch, _CHUNK))
   _, (accepted, floor_BxN, targets_BxK, boxes_BxK, player_B) = lax.while_loop(
-      cond, body, (jnp.ones((batch,), jnp.int32), first))
+      cond, body, (jnp.ones((batch,), jnp.int32), first)
+  )
   return floor_BxN, targets_BxK, boxes_BxK, player_B, accepted

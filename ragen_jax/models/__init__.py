@@ -9,6 +9,7 @@
 Dimension legend: B batch, T length, S cache capacity, L layers, D model dim,
 H query heads, K kv heads, Dh head dim, V vocab, F mlp dim.
 """
+
 from ragen_jax.models.checkpoint import load_hf
 from ragen_jax.models.checkpoint import save_hf
 from ragen_jax.models.config import get_config

@@ -10,6 +10,7 @@ Dimension legend: L layers, D model dim, H query heads, K kv heads,
 Dh head dim, V vocab, F mlp dim. Hugging Face Linear weights are [out, in];
 ours are [in, ...out] with heads split out.
 """
+
 import contextlib
 import glob
 import json
@@ -33,12 +34,14 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 def _layer_specs(c: ModelConfig):
   """(our name, HF name suffix, HF shape, to-ours, to-HF) per layer tensor."""
-  d, h, k, dh, f = (c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
-                    c.intermediate_size)
+  d, h, k, dh, f = (c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size)
+
   def proj_in(n):  # HF [n*Dh, D] -> ours [D, n, Dh]
     return (lambda w: w.T.reshape(d, n, dh)), (lambda w: w.reshape(d, n * dh).T)
+
   def bias(n):  # [n*Dh] <-> [n, Dh]
     return (lambda b: b.reshape(n, dh)), (lambda b: b.reshape(n * dh))
+
   ident = (lambda w: w), (lambda w: w)
   transpose = (lambda w: w.T), (lambda w: w.T)
   return [
@@ -50,8 +53,13 @@ def _layer_specs(c: ModelConfig):
       ("v_kernel", "self_attn.v_proj.weight", (k * dh, d), *proj_in(k)),
       ("v_bias", "self_attn.v_proj.bias", (k * dh,), *bias(k)),
       # HF [D, H*Dh] -> ours [H, Dh, D]
-      ("o_kernel", "self_attn.o_proj.weight", (d, h * dh),
-       lambda w: w.T.reshape(h, dh, d), lambda w: w.reshape(h * dh, d).T),
+      (
+          "o_kernel",
+          "self_attn.o_proj.weight",
+          (d, h * dh),
+          lambda w: w.T.reshape(h, dh, d),
+          lambda w: w.reshape(h * dh, d).T,
+      ),
       ("mlp_norm", "post_attention_layernorm.weight", (d,), *ident),
       ("gate_kernel", "mlp.gate_proj.weight", (f, d), *transpose),
       ("up_kernel", "mlp.up_proj.weight", (f, d), *transpose),
@@ -65,18 +73,16 @@ class _TensorReader:
   def __init__(self, path: str, stack: contextlib.ExitStack):
     index_path = os.path.join(path, "model.safetensors.index.json")
     if os.path.exists(index_path):
-      with open(index_path) as fp:
+      with open(index_path, encoding="utf-8") as fp:
         weight_map = json.load(fp)["weight_map"]
       files = sorted(set(weight_map.values()))
     else:
-      files = sorted(os.path.basename(p)
-                     for p in glob.glob(os.path.join(path, "*.safetensors")))
+      files = sorted(os.path.basename(p) for p in glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
       raise FileNotFoundError(f"no *.safetensors files in {path}")
     self._handles = {}
     for name in files:
-      handle = stack.enter_context(
-          safe_open(os.path.join(path, name), framework="np"))
+      handle = stack.enter_context(safe_open(os.path.join(path, name), framework="np"))
       for key in handle.keys():
         self._handles[key] = handle
     self.unused = set(self._handles)
@@ -91,14 +97,14 @@ class _TensorReader:
     handle = self._handles[name]
     actual = tuple(handle.get_slice(name).get_shape())
     if actual != tuple(shape):
-      raise ValueError(f"tensor {name!r} has shape {actual} but config.json "
-                       f"implies {tuple(shape)}")
+      raise ValueError(
+          f"tensor {name!r} has shape {actual} but config.json " f"implies {tuple(shape)}"
+      )
     self.unused.discard(name)
     return handle.get_tensor(name)
 
 
-def _fill(var: nnx.Variable, build: Callable[[np.ndarray], None], dtype,
-          sharding=None) -> None:
+def _fill(var: nnx.Variable, build: Callable[[np.ndarray], None], dtype, sharding=None) -> None:
   """Builds one parameter in a host buffer and moves it to the device(s).
 
   With `sharding` (logical axes -> jax Sharding) each device receives only its
@@ -110,13 +116,19 @@ def _fill(var: nnx.Variable, build: Callable[[np.ndarray], None], dtype,
     var.set_value(jnp.asarray(buf))
   else:
     target = sharding(tuple(var.get_metadata().get("out_sharding") or ()))
-    var.set_value(jax.make_array_from_callback(buf.shape, target,
-                                               lambda index: buf[index]))
+    var.set_value(jax.make_array_from_callback(buf.shape, target, lambda index: buf[index]))
   del buf
 
 
-def load_hf(path: str, dtype=jnp.float32, param_dtype=None, *,
-            critic: bool = False, sharding=None, remat: bool = False) -> Qwen2 | Qwen2Critic:
+def load_hf(
+    path: str,
+    dtype=jnp.float32,
+    param_dtype=None,
+    *,
+    critic: bool = False,
+    sharding=None,
+    remat: bool = False,
+) -> Qwen2 | Qwen2Critic:
   """Loads a local Hugging Face Qwen2 / Qwen2.5 checkpoint directory.
 
   Args:
@@ -135,11 +147,10 @@ def load_hf(path: str, dtype=jnp.float32, param_dtype=None, *,
   Raises:
     ValueError: a tensor is missing, unexpected, or has the wrong shape.
   """
-  with open(os.path.join(path, "config.json")) as fp:
+  with open(os.path.join(path, "config.json"), encoding="utf-8") as fp:
     hf_config = json.load(fp)
   param_dtype = dtype if param_dtype is None else param_dtype
-  config = ModelConfig.from_hf_dict(hf_config, dtype=dtype, remat=remat,
-                                    param_dtype=param_dtype)
+  config = ModelConfig.from_hf_dict(hf_config, dtype=dtype, remat=remat, param_dtype=param_dtype)
   cls = Qwen2Critic if critic else Qwen2
   model = nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0)))
   np_dtype = np.dtype(config.param_dtype)
@@ -150,31 +161,32 @@ def load_hf(path: str, dtype=jnp.float32, param_dtype=None, *,
     dec = model.decoder
     v, d = c.vocab_size, c.hidden_size
     fill = lambda var, build, dt=np_dtype: _fill(var, build, dt, sharding)
-    fill(dec.embedding, lambda b: b.__setitem__(
-        ..., reader.get("model.embed_tokens.weight", (v, d))))
-    fill(dec.final_norm, lambda b: b.__setitem__(
-        ..., reader.get("model.norm.weight", (d,))))
+    fill(
+        dec.embedding, lambda b: b.__setitem__(..., reader.get("model.embed_tokens.weight", (v, d)))
+    )
+    fill(dec.final_norm, lambda b: b.__setitem__(..., reader.get("model.norm.weight", (d,))))
     for ours, suffix, shape, to_ours, _ in _layer_specs(c):
+
       def build(buf, suffix=suffix, shape=shape, to_ours=to_ours):
         for i in range(c.num_layers):
           buf[i] = to_ours(reader.get(f"model.layers.{i}.{suffix}", shape))
+
       fill(getattr(dec.layers, ours), build)
     if critic:
       fill(model.value_kernel, lambda b: b.fill(0), np.float32)
       fill(model.value_bias, lambda b: b.fill(0), np.float32)
       reader.unused.discard("lm_head.weight")
     elif not c.tie_word_embeddings:
-      fill(model.lm_head, lambda b: b.__setitem__(
-          ..., reader.get("lm_head.weight", (v, d)).T))
+      fill(model.lm_head, lambda b: b.__setitem__(..., reader.get("lm_head.weight", (v, d)).T))
     else:
       # Some tied checkpoints also store the (identical) head; it is unused.
       reader.unused.discard("lm_head.weight")
-    unexpected = sorted(n for n in reader.unused
-                        if not n.endswith(_IGNORED_SUFFIXES))
+    unexpected = sorted(n for n in reader.unused if not n.endswith(_IGNORED_SUFFIXES))
     if unexpected:
       raise ValueError(
           f"checkpoint has tensors that config.json does not account for: "
-          f"{unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
+          f"{unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"
+      )
   return model
 
 
@@ -192,8 +204,7 @@ def _hf_tensors(model: Qwen2) -> Iterator[tuple[str, np.ndarray]]:
     yield "lm_head.weight", np.ascontiguousarray(np.asarray(model.lm_head[...]).T)
 
 
-def save_hf(model: Qwen2, out_dir: str, *,
-            max_shard_bytes: int = 4 * 2**30) -> None:
+def save_hf(model: Qwen2, out_dir: str, *, max_shard_bytes: int = 4 * 2**30) -> None:
   """Writes config.json and safetensors that `transformers` loads as Qwen2.
 
   Tensors keep the model's param_dtype. Checkpoints larger than
@@ -208,17 +219,18 @@ def save_hf(model: Qwen2, out_dir: str, *,
   if not isinstance(model, Qwen2):
     raise TypeError(f"save_hf expects a Qwen2 causal LM, got {type(model).__name__}")
   os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, "config.json"), "w") as fp:
+  with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as fp:
     json.dump(model.config.to_hf_dict(), fp, indent=2)
 
   shards, current, size = [], {}, 0
   tmp_names = []
+
   def flush():
     name = f"shard-{len(tmp_names):05d}.tmp"
-    safetensors.numpy.save_file(current, os.path.join(out_dir, name),
-                                metadata={"format": "pt"})
+    safetensors.numpy.save_file(current, os.path.join(out_dir, name), metadata={"format": "pt"})
     tmp_names.append(name)
     shards.append(list(current))
+
   for name, array in _hf_tensors(model):
     if current and size + array.nbytes > max_shard_bytes:
       flush()
@@ -230,8 +242,7 @@ def save_hf(model: Qwen2, out_dir: str, *,
 
   n = len(tmp_names)
   if n == 1:
-    os.replace(os.path.join(out_dir, tmp_names[0]),
-               os.path.join(out_dir, "model.safetensors"))
+    os.replace(os.path.join(out_dir, tmp_names[0]), os.path.join(out_dir, "model.safetensors"))
     return
   weight_map, total = {}, 0
   for i, (tmp, names) in enumerate(zip(tmp_names, shards)):
@@ -239,6 +250,5 @@ def save_hf(model: Qwen2, out_dir: str, *,
     os.replace(os.path.join(out_dir, tmp), os.path.join(out_dir, final))
     total += os.path.getsize(os.path.join(out_dir, final))
     weight_map.update({name: final for name in names})
-  with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as fp:
-    json.dump({"metadata": {"total_size": total}, "weight_map": weight_map},
-              fp, indent=2)
+  with open(os.path.join(out_dir, "model.safetensors.index.json"), "w", encoding="utf-8") as fp:
+    json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, fp, indent=2)

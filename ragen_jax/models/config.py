@@ -5,6 +5,7 @@ Dimension legend used across `ragen_jax.models`:
   L layers, D model dim, H query heads, K kv heads, G = H // K query heads per
   kv head, Dh head dim, V vocab, F mlp dim.
 """
+
 import dataclasses
 from typing import Any
 
@@ -35,6 +36,7 @@ class ModelConfig:
     param_dtype: dtype the parameters are stored in.
     remat: rematerialise each layer in the backward pass (saves memory).
   """
+
   vocab_size: int
   hidden_size: int
   intermediate_size: int
@@ -56,20 +58,28 @@ class ModelConfig:
       if self.num_heads <= 0 or self.hidden_size % self.num_heads:
         raise ValueError(
             f"hidden_size {self.hidden_size} is not divisible by num_heads "
-            f"{self.num_heads}; pass head_dim explicitly")
+            f"{self.num_heads}; pass head_dim explicitly"
+        )
       object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
     object.__setattr__(self, "dtype", jnp.dtype(self.dtype))
     object.__setattr__(self, "param_dtype", jnp.dtype(self.param_dtype))
-    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
-                 "num_heads", "num_kv_heads", "head_dim",
-                 "max_position_embeddings"):
+    for name in (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_layers",
+        "num_heads",
+        "num_kv_heads",
+        "head_dim",
+        "max_position_embeddings",
+    ):
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
     if self.num_heads % self.num_kv_heads:
       raise ValueError(
-          f"num_heads {self.num_heads} is not divisible by num_kv_heads "
-          f"{self.num_kv_heads}")
+          f"num_heads {self.num_heads} is not divisible by num_kv_heads " f"{self.num_kv_heads}"
+      )
     if self.head_dim % 2:
       raise ValueError(f"head_dim {self.head_dim} must be even for RoPE")
     if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
@@ -160,10 +170,17 @@ class ModelConfig:
 
 def _qwen25(hidden, inter, layers, heads, kv_heads, tied, vocab=151936):
   return ModelConfig(
-      vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
-      num_layers=layers, num_heads=heads, num_kv_heads=kv_heads,
-      rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=tied,
-      max_position_embeddings=32768)
+      vocab_size=vocab,
+      hidden_size=hidden,
+      intermediate_size=inter,
+      num_layers=layers,
+      num_heads=heads,
+      num_kv_heads=kv_heads,
+      rope_theta=1e6,
+      rms_norm_eps=1e-6,
+      tie_word_embeddings=tied,
+      max_position_embeddings=32768,
+  )
 
 
 # Shapes and tie flags of the published Qwen2.5 checkpoints (config.json of the
@@ -176,14 +193,28 @@ PRESETS: dict[str, ModelConfig] = {
     "qwen2.5-7b": _qwen25(3584, 18944, 28, 28, 4, tied=False, vocab=152064),
     # ~1.1M parameters: trains in seconds per step on a 2-core CPU.
     "tiny": ModelConfig(
-        vocab_size=SENTENCEPIECE_VOCAB_SIZE, hidden_size=128,
-        intermediate_size=384, num_layers=4, num_heads=4, num_kv_heads=2,
-        rope_theta=1e4, tie_word_embeddings=True, max_position_embeddings=4096),
+        vocab_size=SENTENCEPIECE_VOCAB_SIZE,
+        hidden_size=128,
+        intermediate_size=384,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        rope_theta=1e4,
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
+    ),
     # ~7M parameters: still CPU-friendly, deep enough to learn the env tasks.
     "small": ModelConfig(
-        vocab_size=SENTENCEPIECE_VOCAB_SIZE, hidden_size=256,
-        intermediate_size=768, num_layers=8, num_heads=8, num_kv_heads=2,
-        rope_theta=1e4, tie_word_embeddings=True, max_position_embeddings=4096),
+        vocab_size=SENTENCEPIECE_VOCAB_SIZE,
+        hidden_size=256,
+        intermediate_size=768,
+        num_layers=8,
+        num_heads=8,
+        num_kv_heads=2,
+        rope_theta=1e4,
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
+    ),
 }
 
 
@@ -202,15 +233,19 @@ def get_config(name: str, **overrides) -> ModelConfig:
   """
   key = name.lower()
   if key not in PRESETS:
-    raise ValueError(
-        f"unknown model preset {name!r}; valid presets: {sorted(PRESETS)}")
+    raise ValueError(f"unknown model preset {name!r}; valid presets: {sorted(PRESETS)}")
   return PRESETS[key].replace(**overrides) if overrides else PRESETS[key]
 
 
 def num_params(config: ModelConfig) -> int:
   """Parameter count of the causal LM (embedding counted once when tied)."""
-  d, f, h, k, dh = (config.hidden_size, config.intermediate_size,
-                    config.num_heads, config.num_kv_heads, config.head_dim)
+  d, f, h, k, dh = (
+      config.hidden_size,
+      config.intermediate_size,
+      config.num_heads,
+      config.num_kv_heads,
+      config.head_dim,
+  )
   attn = d * h * dh + h * dh + 2 * (d * k * dh + k * dh) + h * dh * d
   layer = attn + 3 * d * f + 2 * d
   embed = config.vocab_size * d * (1 if config.tie_word_embeddings else 2)

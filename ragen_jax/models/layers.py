@@ -5,6 +5,7 @@ decoder can `lax.scan` over layers. Dimension legend: B batch, T new tokens,
 S keys, D model dim, H query heads, K kv heads, G = H // K, Dh head dim,
 F mlp dim.
 """
+
 import jax
 import jax.numpy as jnp
 
@@ -31,8 +32,7 @@ def rms_norm(x_BxTxD: jax.Array, scale_D: jax.Array, eps: float) -> jax.Array:
   return scale * x32.astype(x_BxTxD.dtype)
 
 
-def rope(x_BxTxNxDh: jax.Array, positions_BxT: jax.Array,
-         theta: float) -> jax.Array:
+def rope(x_BxTxNxDh: jax.Array, positions_BxT: jax.Array, theta: float) -> jax.Array:
   """Rotary embedding with the half-split layout that Qwen2 uses.
 
   Args:
@@ -53,8 +53,7 @@ def rope(x_BxTxNxDh: jax.Array, positions_BxT: jax.Array,
   return out.astype(x_BxTxNxDh.dtype)
 
 
-def attention_mask(key_mask_BxS: jax.Array, query_slot_BxT: jax.Array
-                   ) -> jax.Array:
+def attention_mask(key_mask_BxS: jax.Array, query_slot_BxT: jax.Array) -> jax.Array:
   """Which keys each query may see: valid and not in the future.
 
   Args:
@@ -69,8 +68,9 @@ def attention_mask(key_mask_BxS: jax.Array, query_slot_BxT: jax.Array
   return causal_BxTxS & key_mask_BxS[:, None, :]
 
 
-def attend(q_BxTxHxDh: jax.Array, k_BxSxKxDh: jax.Array, v_BxSxKxDh: jax.Array,
-           mask_BxTxS: jax.Array) -> jax.Array:
+def attend(
+    q_BxTxHxDh: jax.Array, k_BxSxKxDh: jax.Array, v_BxSxKxDh: jax.Array, mask_BxTxS: jax.Array
+) -> jax.Array:
   """Grouped-query softmax attention, scores and softmax in float32.
 
   Query head h uses kv head h // G (transformers' repeat_kv order); the kv
@@ -89,25 +89,30 @@ def attend(q_BxTxHxDh: jax.Array, k_BxSxKxDh: jax.Array, v_BxSxKxDh: jax.Array,
   k = k_BxSxKxDh.shape[2]
   q_BxTxKxGxDh = q_BxTxHxDh.reshape(b, t, k, h // k, dh)
   scores_BxKxGxTxS = jnp.einsum(
-      "btkgd,bskd->bkgts", q_BxTxKxGxDh, k_BxSxKxDh,
-      preferred_element_type=jnp.float32) * (dh ** -0.5)
-  scores_BxKxGxTxS = jnp.where(mask_BxTxS[:, None, None], scores_BxKxGxTxS,
-                               _MASK_VALUE)
+      "btkgd,bskd->bkgts", q_BxTxKxGxDh, k_BxSxKxDh, preferred_element_type=jnp.float32
+  ) * (dh**-0.5)
+  scores_BxKxGxTxS = jnp.where(mask_BxTxS[:, None, None], scores_BxKxGxTxS, _MASK_VALUE)
   probs = jax.nn.softmax(scores_BxKxGxTxS, axis=-1).astype(v_BxSxKxDh.dtype)
-  out_BxTxKxGxDh = jnp.einsum("bkgts,bskd->btkgd", probs, v_BxSxKxDh,
-                              preferred_element_type=jnp.float32)
+  out_BxTxKxGxDh = jnp.einsum(
+      "bkgts,bskd->btkgd", probs, v_BxSxKxDh, preferred_element_type=jnp.float32
+  )
   return out_BxTxKxGxDh.reshape(b, t, h, dh).astype(v_BxSxKxDh.dtype)
 
 
-def attend_causal(q_BxTxHxDh: jax.Array, k_BxTxKxDh: jax.Array, v_BxTxKxDh: jax.Array,
-                  key_mask_BxT: jax.Array, block: int = 128) -> jax.Array:
+def attend_causal(
+    q_BxTxHxDh: jax.Array,
+    k_BxTxKxDh: jax.Array,
+    v_BxTxKxDh: jax.Array,
+    key_mask_BxT: jax.Array,
+    block: int = 128,
+) -> jax.Array:
   """Causal self-attention (query i sees the valid keys 0..i), in query blocks.
 
   Equals `attend(q, k, v, attention_mask(key_mask, arange(T)))` on every query that
   sees at least one key. Query block j touches only keys [0, (j+1) * block): the
   masked upper triangle is never computed (about half the work at long T) and each
   block's scores are small enough to stay in cache, which makes the training pass
-  ~3x faster on CPU (BENCHMARKS.md). Shapes are static: T / block blocks, unrolled.
+  faster on CPU (BENCHMARKS.md). Shapes are static: T / block blocks, unrolled.
 
   Args:
     q_BxTxHxDh: rotated queries.
@@ -125,14 +130,17 @@ def attend_causal(q_BxTxHxDh: jax.Array, k_BxTxKxDh: jax.Array, v_BxTxKxDh: jax.
     stop = min(start + block, t)
     mask_BxQxS = attention_mask(
         key_mask_BxT[:, :stop],
-        jnp.broadcast_to(jnp.arange(start, stop), (q_BxTxHxDh.shape[0], stop - start)))
-    outs.append(attend(q_BxTxHxDh[:, start:stop], k_BxTxKxDh[:, :stop],
-                       v_BxTxKxDh[:, :stop], mask_BxQxS))
+        jnp.broadcast_to(jnp.arange(start, stop), (q_BxTxHxDh.shape[0], stop - start)),
+    )
+    outs.append(
+        attend(q_BxTxHxDh[:, start:stop], k_BxTxKxDh[:, :stop], v_BxTxKxDh[:, :stop], mask_BxQxS)
+    )
   return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
 
 
-def swiglu(x_BxTxD: jax.Array, gate_DxF: jax.Array, up_DxF: jax.Array,
-           down_FxD: jax.Array) -> jax.Array:
+def swiglu(
+    x_BxTxD: jax.Array, gate_DxF: jax.Array, up_DxF: jax.Array, down_FxD: jax.Array
+) -> jax.Array:
   """Qwen2's MLP: down(silu(gate(x)) * up(x)), no biases."""
   gate_BxTxF = jax.nn.silu(x_BxTxD @ gate_DxF)
   return (gate_BxTxF * (x_BxTxD @ up_DxF)) @ down_FxD

@@ -12,6 +12,7 @@ N = B * T flattened tokens.
 Parameters carry logical axis names (`out_sharding` metadata, read them with
 `nnx.get_partition_spec`): layers, embed, vocab, heads, kv_heads, head_dim, mlp.
 """
+
 import functools
 import itertools
 import math
@@ -38,6 +39,7 @@ class KVCache:
     mask_BxS: True for slots that hold a real (non-padding) token.
     end_index: int32 scalar, the slot the next token is written to.
   """
+
   k_LxBxSxKxDh: jax.Array
   v_LxBxSxKxDh: jax.Array
   mask_BxS: jax.Array
@@ -48,8 +50,7 @@ class KVCache:
     return self.mask_BxS.shape[1]
 
 
-def init_cache(config: ModelConfig, batch: int, capacity: int,
-               dtype=None) -> KVCache:
+def init_cache(config: ModelConfig, batch: int, capacity: int, dtype=None) -> KVCache:
   """Returns an empty cache for `batch` sequences of up to `capacity` tokens.
 
   Args:
@@ -59,20 +60,19 @@ def init_cache(config: ModelConfig, batch: int, capacity: int,
       checked under jit (dynamic_update_slice clamps), so size it generously.
     dtype: storage dtype of k and v; defaults to config.dtype.
   """
-  shape = (config.num_layers, batch, capacity, config.num_kv_heads,
-           config.head_dim)
+  shape = (config.num_layers, batch, capacity, config.num_kv_heads, config.head_dim)
   dtype = config.dtype if dtype is None else dtype
   return KVCache(
       k_LxBxSxKxDh=jnp.zeros(shape, dtype),
       v_LxBxSxKxDh=jnp.zeros(shape, dtype),
       mask_BxS=jnp.zeros((batch, capacity), bool),
-      end_index=jnp.zeros((), jnp.int32))
+      end_index=jnp.zeros((), jnp.int32),
+  )
 
 
 def _param(value, axes, dtype):
   # eager_sharding=False: names are metadata only; no mesh is needed here.
-  return nnx.Param(jnp.asarray(value).astype(dtype), out_sharding=axes,
-                   eager_sharding=False)
+  return nnx.Param(jnp.asarray(value).astype(dtype), out_sharding=axes, eager_sharding=False)
 
 
 def _normal(rngs: nnx.Rngs, shapes: list[tuple[int, ...]]) -> list[jax.Array]:
@@ -84,8 +84,7 @@ def _normal(rngs: nnx.Rngs, shapes: list[tuple[int, ...]]) -> list[jax.Array]:
   sizes = [math.prod(shape) for shape in shapes]
   flat = _INIT_STD * jax.random.normal(rngs.params(), (sum(sizes),), jnp.float32)
   offsets = [0] + list(itertools.accumulate(sizes))
-  return [flat[o:o + n].reshape(shape)
-          for o, n, shape in zip(offsets, sizes, shapes)]
+  return [flat[o : o + n].reshape(shape) for o, n, shape in zip(offsets, sizes, shapes)]
 
 
 class DecoderLayers(nnx.Module):
@@ -93,8 +92,14 @@ class DecoderLayers(nnx.Module):
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     c, pd = config, config.param_dtype
-    l, d, h, k, dh, f = (c.num_layers, c.hidden_size, c.num_heads,
-                         c.num_kv_heads, c.head_dim, c.intermediate_size)
+    l, d, h, k, dh, f = (
+        c.num_layers,
+        c.hidden_size,
+        c.num_heads,
+        c.num_kv_heads,
+        c.head_dim,
+        c.intermediate_size,
+    )
     kernels = {  # name: (shape, logical axes)
         "q_kernel": ((l, d, h, dh), ("layers", "embed", "heads", "head_dim")),
         "k_kernel": ((l, d, k, dh), ("layers", "embed", "kv_heads", "head_dim")),
@@ -116,12 +121,19 @@ class DecoderLayers(nnx.Module):
 
   def stacked(self) -> dict[str, jax.Array]:
     """The raw stacked arrays, keyed by parameter name."""
-    return {name: var[...] for name, var in vars(self).items()
-            if isinstance(var, nnx.Param)}
+    return {name: var[...] for name, var in vars(self).items() if isinstance(var, nnx.Param)}
 
 
-def _decoder_layer(c: ModelConfig, p: dict[str, jax.Array], x_BxTxD, positions_BxT,
-                   key_mask_BxS, end, k_cache_BxSxKxDh=None, v_cache_BxSxKxDh=None):
+def _decoder_layer(
+    c: ModelConfig,
+    p: dict[str, jax.Array],
+    x_BxTxD,
+    positions_BxT,
+    key_mask_BxS,
+    end,
+    k_cache_BxSxKxDh=None,
+    v_cache_BxSxKxDh=None,
+):
   """One pre-norm decoder layer; `p` holds that layer's slice of the stack.
 
   Without a cache the T tokens attend causally to each other (key_mask_BxS is then
@@ -132,6 +144,7 @@ def _decoder_layer(c: ModelConfig, p: dict[str, jax.Array], x_BxTxD, positions_B
   """
   p = jax.tree.map(lambda a: a.astype(c.dtype), p)
   b, t, d = x_BxTxD.shape
+
   # Projections as 2-D [B*T, D] matmuls: XLA:CPU runs their backward (contracting over
   # both B and T) about 2x faster than the batched einsum form; same math on any device.
   def project(h_NxD, kernel_DxNxE, bias_NxE):
@@ -144,27 +157,32 @@ def _decoder_layer(c: ModelConfig, p: dict[str, jax.Array], x_BxTxD, positions_B
   v_BxTxKxDh = project(h_NxD, p["v_kernel"], p["v_bias"])
   q_BxTxHxDh = ops.rope(q_BxTxHxDh, positions_BxT, c.rope_theta)
   k_BxTxKxDh = ops.rope(k_BxTxKxDh, positions_BxT, c.rope_theta)
-  if k_cache_BxSxKxDh is None:   # the T tokens attend causally to each other
+  if k_cache_BxSxKxDh is None:  # the T tokens attend causally to each other
     new_cache = None
     attn_BxTxHxDh = ops.attend_causal(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh, key_mask_BxS)
   else:
     # Write the T new keys/values at slot `end`; attend over all S slots.
     k_BxSxKxDh = jax.lax.dynamic_update_slice(
-        k_cache_BxSxKxDh, k_BxTxKxDh.astype(k_cache_BxSxKxDh.dtype),
-        (0, end, 0, 0))
+        k_cache_BxSxKxDh, k_BxTxKxDh.astype(k_cache_BxSxKxDh.dtype), (0, end, 0, 0)
+    )
     v_BxSxKxDh = jax.lax.dynamic_update_slice(
-        v_cache_BxSxKxDh, v_BxTxKxDh.astype(v_cache_BxSxKxDh.dtype),
-        (0, end, 0, 0))
+        v_cache_BxSxKxDh, v_BxTxKxDh.astype(v_cache_BxSxKxDh.dtype), (0, end, 0, 0)
+    )
     new_cache = (k_BxSxKxDh, v_BxSxKxDh)
     query_slot_BxT = jnp.broadcast_to(end + jnp.arange(t, dtype=jnp.int32), (b, t))
-    attn_BxTxHxDh = ops.attend(q_BxTxHxDh, k_BxSxKxDh.astype(c.dtype),
-                               v_BxSxKxDh.astype(c.dtype),
-                               ops.attention_mask(key_mask_BxS, query_slot_BxT))
-  x_BxTxD = x_BxTxD + (attn_BxTxHxDh.reshape(b * t, -1)
-                       @ p["o_kernel"].reshape(-1, d)).reshape(b, t, d)
+    attn_BxTxHxDh = ops.attend(
+        q_BxTxHxDh,
+        k_BxSxKxDh.astype(c.dtype),
+        v_BxSxKxDh.astype(c.dtype),
+        ops.attention_mask(key_mask_BxS, query_slot_BxT),
+    )
+  x_BxTxD = x_BxTxD + (attn_BxTxHxDh.reshape(b * t, -1) @ p["o_kernel"].reshape(-1, d)).reshape(
+      b, t, d
+  )
   h_NxD = ops.rms_norm(x_BxTxD, p["mlp_norm"], c.rms_norm_eps).reshape(b * t, d)
-  x_BxTxD = x_BxTxD + ops.swiglu(h_NxD, p["gate_kernel"], p["up_kernel"],
-                                 p["down_kernel"]).reshape(b, t, d)
+  x_BxTxD = x_BxTxD + ops.swiglu(h_NxD, p["gate_kernel"], p["up_kernel"], p["down_kernel"]).reshape(
+      b, t, d
+  )
   return x_BxTxD, new_cache
 
 
@@ -175,17 +193,25 @@ class Decoder(nnx.Module):
     self.config = config
     self.embedding = _param(
         _normal(rngs, [(config.vocab_size, config.hidden_size)])[0],
-        ("vocab", "embed"), config.param_dtype)
+        ("vocab", "embed"),
+        config.param_dtype,
+    )
     self.layers = DecoderLayers(config, rngs=rngs)
-    self.final_norm = _param(jnp.ones((config.hidden_size,)), ("embed",),
-                             config.param_dtype)
+    self.final_norm = _param(jnp.ones((config.hidden_size,)), ("embed",), config.param_dtype)
 
-  def __call__(self, input_ids_BxT, attention_mask_BxT=None, *,
-               positions_BxT=None, cache: KVCache | None = None):
+  def __call__(
+      self,
+      input_ids_BxT,
+      attention_mask_BxT=None,
+      *,
+      positions_BxT=None,
+      cache: KVCache | None = None,
+  ):
     c = self.config
     b, t = input_ids_BxT.shape
-    mask_BxT = (jnp.ones((b, t), bool) if attention_mask_BxT is None
-                else attention_mask_BxT.astype(bool))
+    mask_BxT = (
+        jnp.ones((b, t), bool) if attention_mask_BxT is None else attention_mask_BxT.astype(bool)
+    )
     # Left padding: a real token's position counts only the real tokens before
     # it, so padded and unpadded sequences get identical logits.
     new_positions_BxT = jnp.cumsum(mask_BxT, axis=1, dtype=jnp.int32) - 1
@@ -194,37 +220,33 @@ class Decoder(nnx.Module):
       key_mask_BxS = mask_BxT
     else:
       if t > cache.capacity:
-        raise ValueError(f"{t} new tokens exceed the cache capacity "
-                         f"{cache.capacity}")
+        raise ValueError(f"{t} new tokens exceed the cache capacity " f"{cache.capacity}")
       end = cache.end_index
-      new_positions_BxT += jnp.sum(cache.mask_BxS, axis=1, dtype=jnp.int32,
-                                   keepdims=True)
-      key_mask_BxS = jax.lax.dynamic_update_slice(cache.mask_BxS, mask_BxT,
-                                                  (0, end))
+      new_positions_BxT += jnp.sum(cache.mask_BxS, axis=1, dtype=jnp.int32, keepdims=True)
+      key_mask_BxS = jax.lax.dynamic_update_slice(cache.mask_BxS, mask_BxT, (0, end))
     if positions_BxT is None:
       positions_BxT = jnp.maximum(new_positions_BxT, 0)
 
     # mode="clip": the default "fill" would turn an out-of-range id (e.g. a -1
     # pad) into a NaN row, which masked attention still multiplies by zero.
-    x_BxTxD = jnp.take(self.embedding[...], input_ids_BxT, axis=0,
-                       mode="clip").astype(c.dtype)
+    x_BxTxD = jnp.take(self.embedding[...], input_ids_BxT, axis=0, mode="clip").astype(c.dtype)
 
     def layer(x_BxTxD, xs):
       params, k_cache_BxSxKxDh, v_cache_BxSxKxDh = xs
-      return _decoder_layer(c, params, x_BxTxD, positions_BxT, key_mask_BxS, end,
-                            k_cache_BxSxKxDh, v_cache_BxSxKxDh)
+      return _decoder_layer(
+          c, params, x_BxTxD, positions_BxT, key_mask_BxS, end, k_cache_BxSxKxDh, v_cache_BxSxKxDh
+      )
 
     if c.remat:
       layer = jax.checkpoint(layer, prevent_cse=False)
-    caches = ((None, None) if cache is None
-              else (cache.k_LxBxSxKxDh, cache.v_LxBxSxKxDh))
-    x_BxTxD, new_kv = jax.lax.scan(layer, x_BxTxD,
-                                   (self.layers.stacked(), *caches))
+    caches = (None, None) if cache is None else (cache.k_LxBxSxKxDh, cache.v_LxBxSxKxDh)
+    x_BxTxD, new_kv = jax.lax.scan(layer, x_BxTxD, (self.layers.stacked(), *caches))
     hidden_BxTxD = ops.rms_norm(x_BxTxD, self.final_norm[...], c.rms_norm_eps)
     if cache is None:
       return hidden_BxTxD, None
-    return hidden_BxTxD, KVCache(k_LxBxSxKxDh=new_kv[0], v_LxBxSxKxDh=new_kv[1],
-                                 mask_BxS=key_mask_BxS, end_index=end + t)
+    return hidden_BxTxD, KVCache(
+        k_LxBxSxKxDh=new_kv[0], v_LxBxSxKxDh=new_kv[1], mask_BxS=key_mask_BxS, end_index=end + t
+    )
 
 
 class Qwen2(nnx.Module):
@@ -236,7 +258,9 @@ class Qwen2(nnx.Module):
     if not config.tie_word_embeddings:
       self.lm_head = _param(
           _normal(rngs, [(config.hidden_size, config.vocab_size)])[0],
-          ("embed", "vocab"), config.param_dtype)
+          ("embed", "vocab"),
+          config.param_dtype,
+      )
 
   def unembed_kernel(self) -> jax.Array:
     """The [D, V] output projection (the embedding transposed when tied)."""
@@ -244,8 +268,7 @@ class Qwen2(nnx.Module):
       return self.decoder.embedding[...].T
     return self.lm_head[...]
 
-  def backbone(self, input_ids_BxT, attention_mask=None, *,
-               positions_BxT=None, cache=None):
+  def backbone(self, input_ids_BxT, attention_mask=None, *, positions_BxT=None, cache=None):
     """Final-normed hidden states, for vocabulary-chunked log-probs.
 
     Args:
@@ -259,11 +282,9 @@ class Qwen2(nnx.Module):
     Returns:
       (hidden_BxTxD in config.dtype, the updated cache or None).
     """
-    return self.decoder(input_ids_BxT, attention_mask,
-                        positions_BxT=positions_BxT, cache=cache)
+    return self.decoder(input_ids_BxT, attention_mask, positions_BxT=positions_BxT, cache=cache)
 
-  def __call__(self, input_ids_BxT, attention_mask=None, *,
-               positions_BxT=None, cache=None):
+  def __call__(self, input_ids_BxT, attention_mask=None, *, positions_BxT=None, cache=None):
     """Logits of the next token at every position.
 
     Args: as for `backbone`.
@@ -272,11 +293,12 @@ class Qwen2(nnx.Module):
       float32 logits_BxTxV, or (logits_BxTxV, new_cache) when a cache is given.
     """
     hidden_BxTxD, new_cache = self.backbone(
-        input_ids_BxT, attention_mask, positions_BxT=positions_BxT,
-        cache=cache)
+        input_ids_BxT, attention_mask, positions_BxT=positions_BxT, cache=cache
+    )
     kernel_DxV = self.unembed_kernel().astype(self.config.dtype)
-    logits_BxTxV = jnp.einsum("btd,dv->btv", hidden_BxTxD, kernel_DxV,
-                              preferred_element_type=jnp.float32)
+    logits_BxTxV = jnp.einsum(
+        "btd,dv->btv", hidden_BxTxD, kernel_DxV, preferred_element_type=jnp.float32
+    )
     return logits_BxTxV if cache is None else (logits_BxTxV, new_cache)
 
 
@@ -288,21 +310,26 @@ class Qwen2Critic(nnx.Module):
     self.decoder = Decoder(config, rngs=rngs)
     # Zero head: the critic starts by predicting 0 everywhere rather than a
     # random offset, and its gradient (the hidden state) is still non-zero.
-    self.value_kernel = _param(jnp.zeros((config.hidden_size,)), ("embed",),
-                               jnp.float32)
+    self.value_kernel = _param(jnp.zeros((config.hidden_size,)), ("embed",), jnp.float32)
     self.value_bias = _param(jnp.zeros(()), (), jnp.float32)
 
-  def __call__(self, input_ids_BxT, attention_mask=None, *,
-               positions_BxT=None):
+  def __call__(self, input_ids_BxT, attention_mask=None, *, positions_BxT=None):
     """Returns float32 values_BxT (one value per token position)."""
-    hidden_BxTxD, _ = self.decoder(input_ids_BxT, attention_mask,
-                                   positions_BxT=positions_BxT)
-    return (jnp.einsum("btd,d->bt", hidden_BxTxD.astype(jnp.float32),
-                       self.value_kernel[...]) + self.value_bias[...])
+    hidden_BxTxD, _ = self.decoder(input_ids_BxT, attention_mask, positions_BxT=positions_BxT)
+    return (
+        jnp.einsum("btd,d->bt", hidden_BxTxD.astype(jnp.float32), self.value_kernel[...])
+        + self.value_bias[...]
+    )
 
 
-def create(name_or_config: str | ModelConfig, key: jax.Array, *,
-           critic: bool = False, sharding=None, **overrides) -> Qwen2 | Qwen2Critic:
+def create(
+    name_or_config: str | ModelConfig,
+    key: jax.Array,
+    *,
+    critic: bool = False,
+    sharding=None,
+    **overrides,
+) -> Qwen2 | Qwen2Critic:
   """Builds a randomly initialised model.
 
   Args:
@@ -316,8 +343,7 @@ def create(name_or_config: str | ModelConfig, key: jax.Array, *,
   Returns:
     The module.
   """
-  config = (get_config(name_or_config) if isinstance(name_or_config, str)
-            else name_or_config)
+  config = get_config(name_or_config) if isinstance(name_or_config, str) else name_or_config
   if overrides:
     config = config.replace(**overrides)
   graphdef, init = _initialiser(Qwen2Critic if critic else Qwen2, config, sharding)
@@ -328,7 +354,9 @@ def variable_shardings(abstract_state, sharding):
   """The state's tree with each Variable's value replaced by `sharding(its logical axes)`."""
   return jax.tree.map(
       lambda v: v.replace(sharding(tuple(v.get_metadata().get("out_sharding") or ()))),
-      abstract_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+      abstract_state,
+      is_leaf=lambda x: isinstance(x, nnx.Variable),
+  )
 
 
 @functools.lru_cache(maxsize=16)
@@ -340,8 +368,7 @@ def _initialiser(cls, config: ModelConfig, sharding=None):
   return graphdef, init
 
 
-def critic_from_policy(policy: Qwen2, key: jax.Array | None = None
-                       ) -> Qwen2Critic:
+def critic_from_policy(policy: Qwen2, key: jax.Array | None = None) -> Qwen2Critic:
   """A critic whose decoder starts from a copy of the policy's weights.
 
   The copy is real (new buffers), so donating the policy's state in a jitted
@@ -359,8 +386,7 @@ def critic_from_policy(policy: Qwen2, key: jax.Array | None = None
   # Build abstractly: a random decoder for a 7B model would cost seconds and
   # a second full copy of the weights.
   critic = nnx.eval_shape(lambda: Qwen2Critic(config, rngs=nnx.Rngs(0)))
-  decoder_state = jax.tree.map(lambda a: jnp.array(a, copy=True),
-                               nnx.state(policy.decoder))
+  decoder_state = jax.tree.map(lambda a: jnp.array(a, copy=True), nnx.state(policy.decoder))
   nnx.update(critic.decoder, decoder_state)
   critic.value_kernel.set_value(jnp.zeros((config.hidden_size,), jnp.float32))
   critic.value_bias.set_value(jnp.zeros((), jnp.float32))

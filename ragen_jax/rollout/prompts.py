@@ -13,6 +13,7 @@ special tokens stripped from the captures, the answer split on the separator, tr
 dropped, at most `max_actions` kept, then each word matched to an action name ignoring case.
 Nothing here raises on model output: junk simply parses to no actions.
 """
+
 import dataclasses
 import re
 from typing import Dict, Sequence, Tuple
@@ -23,7 +24,8 @@ _SOKOBAN = (
     "You are solving the Sokoban puzzle. \nYou are the player and you need to push all boxes to "
     "targets. \nWhen you are right next to a box, you can push it by moving in the same "
     "direction. \nYou cannot push a box through a wall, and you cannot pull a box. \nThe answer "
-    "should be a sequence of actions, like <answer>Right || Right || Up</answer>\n")
+    "should be a sequence of actions, like <answer>Right || Right || Up</answer>\n"
+)
 _COORD_SOKOBAN = (
     "You are solving the Sokoban puzzle. You are the player and you need to push all boxes to "
     "targets.\nYou are provided with a symbol grid and the zero-indexed coordinates of the "
@@ -31,18 +33,21 @@ _COORD_SOKOBAN = (
     "the bottom-right corner {corner}. \nWhen you are exactly next to a box, you can push it by "
     "moving in the same direction. \nYou cannot push a box through a wall, and you cannot pull "
     "a box.\nThe answer should be a sequence of actions, like "
-    "<answer>Right || Right || Up</answer>.\n")
+    "<answer>Right || Right || Up</answer>.\n"
+)
 _FROZENLAKE = (
     "You are solving the FrozenLake puzzle. Forbid the whole and go to the target. You may move "
     "to the unintended direction due to the slippery ice. Example answer format: <think>To forbid "
     "the hole and go to the target, I should go left then go up.</think><answer>Left || "
-    "Up</answer>")
+    "Up</answer>"
+)
 _COORD_FROZENLAKE = (
     "You are solving the FrozenLake puzzle. The observation includes both a symbol grid and "
     "zero-indexed coordinates for the start, goal, player, and any holes.\nCoordinates range "
     "from the top-left corner (0, 0) to the bottom-right corner {corner}.\nBeware that the ice "
     "is slippery, so the agent might slide and end up in an unintended tile.\nRespond with a "
-    "sequence of actions such as <answer>Left || Up || Up</answer>.\n")
+    "sequence of actions such as <answer>Left || Up || Up</answer>.\n"
+)
 
 SPECIAL_TOKENS = ("<think>", "</think>", "<answer>", "</answer>", "<|im_start|>", "<|im_end|>")
 _THINK_ANSWER = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
@@ -61,26 +66,41 @@ def env_instruction(env, render_format: str) -> str:
   return ""  # Bandit: the observation itself explains the task.
 
 
-def system_prompt(instruction: str, grid_vocab: Dict[str, str], action_names: Sequence[str],
-                  max_actions_per_traj: int, action_sep: str = "||") -> str:
+def system_prompt(
+    instruction: str,
+    grid_vocab: Dict[str, str],
+    action_names: Sequence[str],
+    max_actions_per_traj: int,
+    action_sep: str = "||",
+) -> str:
   """System message: instruction, symbol legend, action names and the action budget."""
   text = "You're a helpful assistant. " + instruction
   if grid_vocab:
-    text += ("\nThe meaning of each symbol in the state is:\n"
-             + ", ".join(f"{k}: {v}" for k, v in grid_vocab.items()))
+    text += "\nThe meaning of each symbol in the state is:\n" + ", ".join(
+        f"{k}: {v}" for k, v in grid_vocab.items()
+    )
   text += "\nYour available actions are:\n" + ", ".join(action_names)
-  text += (f"\nYou can make up to {max_actions_per_traj} actions, separated by the action "
-           f"separator \" {action_sep} \"\n")
+  text += (
+      f"\nYou can make up to {max_actions_per_traj} actions, separated by the action "
+      f'separator " {action_sep} "\n'
+  )
   return text
 
 
-def turn_prompt(turn: int, state_text: str, actions_left: int, enable_think: bool = True,
-                max_tokens_hint: int = 100) -> str:
+def turn_prompt(
+    turn: int,
+    state_text: str,
+    actions_left: int,
+    enable_think: bool = True,
+    max_tokens_hint: int = 100,
+) -> str:
   """The user text of turn `turn` (1-based)."""
-  fmt = ("<think>...</think><answer>...</answer>" if enable_think else "<answer>...</answer>")
-  return (f"\nTurn {turn}:\nState:\n{state_text}\nYou have {actions_left} actions left. Always "
-          f"output: {fmt} with no extra text. Strictly follow this format. Max response length: "
-          f"{max_tokens_hint} words (tokens).\n")
+  fmt = "<think>...</think><answer>...</answer>" if enable_think else "<answer>...</answer>"
+  return (
+      f"\nTurn {turn}:\nState:\n{state_text}\nYou have {actions_left} actions left. Always "
+      f"output: {fmt} with no extra text. Strictly follow this format. Max response length: "
+      f"{max_tokens_hint} words (tokens).\n"
+  )
 
 
 def reward_prompt(reward: float) -> str:
@@ -96,11 +116,12 @@ def generation_prefix(enable_think: bool = True) -> str:
 @dataclasses.dataclass(frozen=True)
 class Parsed:
   actions: Tuple[str, ...]  # answer words, at most max_actions, as written
-  matched: bool             # the tag regex matched
+  matched: bool  # the tag regex matched
 
 
-def parse_response(text: str, enable_think: bool = True, action_sep: str = "||",
-                   max_actions: int = 2) -> Parsed:
+def parse_response(
+    text: str, enable_think: bool = True, action_sep: str = "||", max_actions: int = 2
+) -> Parsed:
   """Parses a full reply (generation prefix included); never raises."""
   match = (_THINK_ANSWER if enable_think else _ANSWER).search(text)
   if match is None:

@@ -10,6 +10,7 @@ This subpackage's name matches Hugging Face's `tokenizers` package; modules
 here import that one as `import tokenizers as hf_tokenizers` (absolute imports
 resolve to the top-level package, never to this one).
 """
+
 import os
 
 from ragen_jax.tokenizers.base import ENDOFTEXT
@@ -46,5 +47,7 @@ def load(spec: str) -> Tokenizer:
     return _NAMED[spec]()
   if os.path.isdir(spec):
     return HFTokenizer.from_dir(spec)
-  raise ValueError(f"unknown tokenizer {spec!r}: use one of {sorted(_NAMED)} "
-                   "or a checkpoint directory containing tokenizer.json")
+  raise ValueError(
+      f"unknown tokenizer {spec!r}: use one of {sorted(_NAMED)} "
+      "or a checkpoint directory containing tokenizer.json"
+  )

@@ -9,6 +9,7 @@ ids, and renders chat messages with Qwen2.5's ChatML template:
 No tensors here; ids are Python lists (the rollout code pads them into
 tokens_BxT arrays).
 """
+
 import abc
 from typing import Mapping, Sequence
 
@@ -17,14 +18,16 @@ IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 # Qwen2.5-Instruct's template inserts this when the first message is not a
 # system message (the base models' template says "You are a helpful assistant.").
-QWEN_DEFAULT_SYSTEM = ("You are Qwen, created by Alibaba Cloud. "
-                       "You are a helpful assistant.")
+QWEN_DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 
 Message = Mapping[str, str]
 
 
-def render_chatml(messages: Sequence[Message], add_generation_prompt: bool = False,
-                  default_system: str | None = QWEN_DEFAULT_SYSTEM) -> str:
+def render_chatml(
+    messages: Sequence[Message],
+    add_generation_prompt: bool = False,
+    default_system: str | None = QWEN_DEFAULT_SYSTEM,
+) -> str:
   """Renders `messages` exactly as Qwen2.5's chat template does (without tools).
 
   Args:
@@ -41,8 +44,7 @@ def render_chatml(messages: Sequence[Message], add_generation_prompt: bool = Fal
     ValueError: unknown role, or an assistant message with tool calls.
   """
   parts = []
-  if default_system is not None and (not messages
-                                     or messages[0]["role"] != "system"):
+  if default_system is not None and (not messages or messages[0]["role"] != "system"):
     parts.append(f"{IM_START}system\n{default_system}{IM_END}\n")
   for i, message in enumerate(messages):
     role, content = message["role"], message["content"]
@@ -58,8 +60,7 @@ def render_chatml(messages: Sequence[Message], add_generation_prompt: bool = Fal
       if i == len(messages) - 1 or messages[i + 1]["role"] != "tool":
         parts.append(f"{IM_END}\n")
     else:
-      raise ValueError(f"unknown chat role {role!r}; expected system, user, "
-                       "assistant or tool")
+      raise ValueError(f"unknown chat role {role!r}; expected system, user, " "assistant or tool")
   if add_generation_prompt:
     parts.append(f"{IM_START}assistant\n")
   return "".join(parts)
@@ -102,8 +103,9 @@ class Tokenizer(abc.ABC):
   def pad_id(self) -> int:
     """Id used for padding (<|endoftext|> for Qwen)."""
 
-  def apply_chat_template(self, messages: Sequence[Message],
-                          add_generation_prompt: bool = False) -> str:
+  def apply_chat_template(
+      self, messages: Sequence[Message], add_generation_prompt: bool = False
+  ) -> str:
     """The chat prompt for `messages` (Qwen2.5 template, no tools).
 
     Args:
@@ -115,7 +117,8 @@ class Tokenizer(abc.ABC):
     """
     return render_chatml(messages, add_generation_prompt, self.default_system)
 
-  def encode_chat(self, messages: Sequence[Message],
-                  add_generation_prompt: bool = False) -> list[int]:
+  def encode_chat(
+      self, messages: Sequence[Message], add_generation_prompt: bool = False
+  ) -> list[int]:
     """Shorthand for encode(apply_chat_template(...))."""
     return self.encode(self.apply_chat_template(messages, add_generation_prompt))

@@ -5,6 +5,7 @@ tokenizer_config.json / chat_template.jinja for the special tokens and the chat
 template. The template is rendered with jinja2 the way transformers does when
 jinja2 is installed; otherwise the built-in Qwen2.5 ChatML renderer is used.
 """
+
 import json
 import os
 from typing import Any, Sequence
@@ -25,8 +26,12 @@ def _token_text(value: Any) -> str | None:
 class HFTokenizer(base.Tokenizer):
   """Tokenizer of a local Hugging Face checkpoint directory."""
 
-  def __init__(self, tokenizer: hf_tokenizers.Tokenizer, config: dict[str, Any],
-               chat_template: str | None = None):
+  def __init__(
+      self,
+      tokenizer: hf_tokenizers.Tokenizer,
+      config: dict[str, Any],
+      chat_template: str | None = None,
+  ):
     self._tok = tokenizer
     self._config = config
     self._chat_template = chat_template
@@ -48,7 +53,7 @@ class HFTokenizer(base.Tokenizer):
       raise FileNotFoundError(f"no tokenizer.json in {path}")
     config = {}
     if os.path.exists(os.path.join(path, "tokenizer_config.json")):
-      with open(os.path.join(path, "tokenizer_config.json")) as fp:
+      with open(os.path.join(path, "tokenizer_config.json"), encoding="utf-8") as fp:
         config = json.load(fp)
     template = config.get("chat_template")
     if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]
@@ -56,7 +61,7 @@ class HFTokenizer(base.Tokenizer):
       template = named.get("default", next(iter(named.values()), None))
     jinja_path = os.path.join(path, "chat_template.jinja")
     if os.path.exists(jinja_path):  # transformers v5 writes it separately.
-      with open(jinja_path) as fp:
+      with open(jinja_path, encoding="utf-8") as fp:
         template = fp.read()
     return cls(hf_tokenizers.Tokenizer.from_file(tok_path), config, template)
 
@@ -102,15 +107,21 @@ class HFTokenizer(base.Tokenizer):
       return super().apply_chat_template(messages, add_generation_prompt)
     # Same environment options as transformers' chat template renderer.
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True,
-        extensions=[jinja2.ext.loopcontrols])
-    env.filters["tojson"] = lambda x, indent=None: json.dumps(
-        x, ensure_ascii=False, indent=indent)
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
+
     def raise_exception(message):
       raise jinja2.exceptions.TemplateError(message)
+
     env.globals["raise_exception"] = raise_exception
-    specials = {k: _token_text(self._config.get(k))
-                for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
+    specials = {
+        k: _token_text(self._config.get(k))
+        for k in ("bos_token", "eos_token", "pad_token", "unk_token")
+    }
     return env.from_string(self._chat_template).render(
         messages=[dict(m) for m in messages],
-        add_generation_prompt=add_generation_prompt, tools=None, **specials)
+        add_generation_prompt=add_generation_prompt,
+        tools=None,
+        **specials,
+    )

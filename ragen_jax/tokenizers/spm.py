@@ -7,6 +7,7 @@ answers of Sokoban, FrozenLake and Bandit (vocabulary 2048, see
 fall back to UTF-8 byte pieces, so any text round-trips. The "tiny" and
 "small" model presets use it: a 2048-row softmax keeps CPU training fast.
 """
+
 import importlib.resources
 from typing import Sequence
 
@@ -17,8 +18,15 @@ from ragen_jax.tokenizers import base
 DEFAULT_MODEL = "ragen_sentencepiece.model"
 # Single pieces in every model trained by train_sentencepiece (in id order
 # right after <unk>).
-USER_SYMBOLS = (base.ENDOFTEXT, base.IM_START, base.IM_END,
-                "<think>", "</think>", "<answer>", "</answer>")
+USER_SYMBOLS = (
+    base.ENDOFTEXT,
+    base.IM_START,
+    base.IM_END,
+    "<think>",
+    "</think>",
+    "<answer>",
+    "</answer>",
+)
 # Dropped by decode(skip_special_tokens=True), as Qwen drops its chat markers.
 _SPECIAL = (base.ENDOFTEXT, base.IM_START, base.IM_END)
 
@@ -26,15 +34,16 @@ _SPECIAL = (base.ENDOFTEXT, base.IM_START, base.IM_END)
 class SentencePieceTokenizer(base.Tokenizer):
   """Tokenizer backed by a SentencePiece model file."""
 
-  def __init__(self, model_file: str,
-               default_system: str | None = base.QWEN_DEFAULT_SYSTEM):
+  def __init__(self, model_file: str, default_system: str | None = base.QWEN_DEFAULT_SYSTEM):
     self.default_system = default_system
     self.model_file = str(model_file)
     self._sp = sentencepiece.SentencePieceProcessor(model_file=str(model_file))
     for symbol in USER_SYMBOLS:
       if self._sp.piece_to_id(symbol) == self._sp.unk_id():
-        raise ValueError(f"{model_file} lacks the single piece {symbol!r}; "
-                         "train it with ragen_jax.tokenizers.train_sentencepiece")
+        raise ValueError(
+            f"{model_file} lacks the single piece {symbol!r}; "
+            "train it with ragen_jax.tokenizers.train_sentencepiece"
+        )
     self._special_ids = {self._sp.piece_to_id(s) for s in _SPECIAL}
 
   @classmethod
@@ -49,8 +58,12 @@ class SentencePieceTokenizer(base.Tokenizer):
 
   def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
     # Ids past the tokenizer (a model vocabulary may be larger) carry no text.
-    ids = [int(i) for i in ids if 0 <= int(i) < self.vocab_size
-           and not (skip_special_tokens and int(i) in self._special_ids)]
+    ids = [
+        int(i)
+        for i in ids
+        if 0 <= int(i) < self.vocab_size
+        and not (skip_special_tokens and int(i) in self._special_ids)
+    ]
     return self._sp.decode(ids)
 
   def token_to_id(self, token: str) -> int:

@@ -11,12 +11,13 @@ Experts (host side, one unbatched state at a time):
 Deliberately imperfect: every action of a reply is independently replaced by a uniformly
 random action name with probability `random_prob`, so the fine-tuned policy still errs and
 reinforcement learning has room to improve it. With `undo_prob`, a share of the replies of two
-or more actions take back their first move instead ("Up || Down": a hesitant demonstrator; see
-BENCHMARKS.md, ninth session, for what the tiny model makes of it). The reasoning restates the
-positions that matter (short, so it costs few tokens) and the answer joins the actions with
+or more actions take back their first move instead ("Up || Down": a hesitant demonstrator;
+experiments/README.md, "Three levers against the loops", says what the tiny model makes of it).
+The reasoning restates the positions that matter (short, so it costs few tokens) and the answer joins the actions with
 RAGEN's separator. A state the expert cannot solve any more (a box pushed into a corner) gets
 random actions.
 """
+
 import collections
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -34,11 +35,11 @@ def _rc(cells) -> str:
 
 def sokoban_expert(env, state) -> Tuple[Optional[List[int]], str]:
   """(optimal plan or None, reasoning text) for one Sokoban state."""
-  fixed, boxes, player = (np.asarray(x) for x in (state.fixed_HxW, state.boxes_HxW,
-                                                   state.player_rc))
+  fixed, boxes, player = (
+      np.asarray(x) for x in (state.fixed_HxW, state.boxes_HxW, state.player_rc)
+  )
   targets = np.argwhere(fixed == sokoban_lib.TARGET)
-  thought = (f"Player {_rc([player])}, box {_rc(np.argwhere(boxes))}, "
-             f"target {_rc(targets)}.")
+  thought = f"Player {_rc([player])}, box {_rc(np.argwhere(boxes))}, " f"target {_rc(targets)}."
   return sokoban_lib.solve(state, _SOKOBAN_SOLVE_DEPTH), thought
 
 
@@ -47,7 +48,7 @@ def frozenlake_expert(env, state) -> Tuple[Optional[List[int]], str]:
   tiles, player = np.asarray(state.tiles_SxS), tuple(int(x) for x in state.player_rc)
   goal = tuple(int(x) for x in np.argwhere(tiles == frozenlake_lib.GOAL)[0])
   thought = f"Player {_rc([player])}, goal {_rc([goal])}."
-  deltas = ((0, -1), (1, 0), (0, 1), (-1, 0))    # the env's action order Left, Down, Right, Up
+  deltas = ((0, -1), (1, 0), (0, 1), (-1, 0))  # the env's action order Left, Down, Right, Up
   parents = {player: None}
   frontier = collections.deque([player])
   while frontier:
@@ -60,8 +61,12 @@ def frozenlake_expert(env, state) -> Tuple[Optional[List[int]], str]:
       return plan[::-1], thought
     for a, (dr, dc) in enumerate(deltas):
       nxt = (cell[0] + dr, cell[1] + dc)
-      if (0 <= nxt[0] < env.size and 0 <= nxt[1] < env.size and nxt not in parents
-          and tiles[nxt] != frozenlake_lib.HOLE):
+      if (
+          0 <= nxt[0] < env.size
+          and 0 <= nxt[1] < env.size
+          and nxt not in parents
+          and tiles[nxt] != frozenlake_lib.HOLE
+      ):
         parents[nxt] = (cell, a)
         frontier.append(nxt)
   return None, thought

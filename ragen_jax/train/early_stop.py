@@ -15,6 +15,7 @@ A rule fires when its streak reaches the patience (so "warn" speaks once per str
 logged as `early_stopped/<rule>` or `early_warning/<rule>` = 1. The monitor's state is plain JSON,
 stored in checkpoint metadata, so a resumed run continues the same streaks.
 """
+
 import dataclasses
 from typing import Any, Dict, List
 
@@ -37,16 +38,23 @@ class EarlyStopConfig:
   def __post_init__(self):
     for rule in RULES:
       if getattr(self, rule) not in MODES:
-        raise ValueError(f"early_stop.{rule} must be one of {MODES}, got "
-                         f"{getattr(self, rule)!r}")
-    for name in ("reward_std_baseline_steps", "reward_std_patience", "low_val_patience",
-                 "empty_filter_patience"):
+        raise ValueError(
+            f"early_stop.{rule} must be one of {MODES}, got " f"{getattr(self, rule)!r}"
+        )
+    for name in (
+        "reward_std_baseline_steps",
+        "reward_std_patience",
+        "low_val_patience",
+        "empty_filter_patience",
+    ):
       if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-        raise ValueError(f"early_stop.{name} must be an integer >= 1, got "
-                         f"{getattr(self, name)!r}")
+        raise ValueError(
+            f"early_stop.{name} must be an integer >= 1, got " f"{getattr(self, name)!r}"
+        )
     if not 0.0 <= self.reward_std_ratio <= 1.0:
-      raise ValueError(f"early_stop.reward_std_ratio must be in [0, 1], got "
-                       f"{self.reward_std_ratio}")
+      raise ValueError(
+          f"early_stop.reward_std_ratio must be in [0, 1], got " f"{self.reward_std_ratio}"
+      )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,8 +86,12 @@ class Monitor:
     skipped = metrics.get("rollout/skipped", 0.0) > 0.5
     s["empty"] = s["empty"] + 1 if skipped else 0
     if s["empty"] == c.empty_filter_patience:
-      events += self._event("empty_filter", step, f"the filtered batch was empty for "
-                            f"{s['empty']} consecutive steps: no update was made")
+      events += self._event(
+          "empty_filter",
+          step,
+          f"the filtered batch was empty for "
+          f"{s['empty']} consecutive steps: no update was made",
+      )
     std = metrics.get("rollout/in_group_reward_std")
     if std is not None and not skipped:
       if len(s["baseline"]) < c.reward_std_baseline_steps:
@@ -89,9 +101,11 @@ class Monitor:
         s["below"] = s["below"] + 1 if std < c.reward_std_ratio * baseline else 0
         if s["below"] == c.reward_std_patience:
           events += self._event(
-              "reward_std_collapse", step,
+              "reward_std_collapse",
+              step,
               f"in-group reward std stayed below {c.reward_std_ratio:g} x its baseline "
-              f"{baseline:.4g} for {s['below']} consecutive steps (now {std:.4g})")
+              f"{baseline:.4g} for {s['below']} consecutive steps (now {std:.4g})",
+          )
     return events
 
   def after_validation(self, step: int, metrics: Dict[str, float]) -> List[Event]:
@@ -103,7 +117,10 @@ class Monitor:
       tag = parts[1]
       counts[tag] = counts.get(tag, 0) + 1 if value < c.low_val_threshold else 0
       if counts[tag] == c.low_val_patience:
-        events += self._event("low_val_success", step,
-                              f"validation success of {tag} was below {c.low_val_threshold:g} "
-                              f"for {counts[tag]} consecutive evaluations")
+        events += self._event(
+            "low_val_success",
+            step,
+            f"validation success of {tag} was below {c.low_val_threshold:g} "
+            f"for {counts[tag]} consecutive evaluations",
+        )
     return events

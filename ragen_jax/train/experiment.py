@@ -1,17 +1,19 @@
-"""The experiment config, validated once into typed objects with clear errors.
+"""The experiment: one typed dataclass per config section, validated once with clear errors.
 
     exp = experiment.from_config(config)   # config: the ml_collections.ConfigDict of configs/*.py
     exp.envs[0].make()                     # the environment of the first tag
     exp.envs[0].rollout_config(exp.rollout, validation=False)
 
-Everything a run needs is checked here, before any compilation: environment names and options,
-render formats, model preset or checkpoint directory, rollout sizes, the StarPO settings
-(algos.PPOConfig), the warm start (train.sft.SFTConfig), the trainer's schedule, the collapse
-diagnostics (diagnostics.CollapseConfig), the stopping rules (train.early_stop.EarlyStopConfig),
-the mesh (sharding.MeshSpec), and that the training batch splits into minibatches and
-micro-batches. What depends on the devices present (the mesh's shape, sizes that must divide it)
-is checked by `sharding.Sharder` when the run starts, still before anything compiles.
+Every knob is declared once, as a field of the dataclass in `SECTIONS` that uses it (default and
+one-line comment there); `ragen_jax.config_sections` derives the ConfigDict sections of
+`configs/*.py` from these fields, and `from_config` is construction (`Cls(**section)`, each
+class checking its own values in `__post_init__`) plus the checks that span sections: model
+preset or checkpoint directory, that every environment builds with its options, and that the
+training batch splits into minibatches and micro-batches. What depends on the devices present
+(the mesh's shape, sizes that must divide it) is checked by `sharding.Sharder` when the run
+starts, still before anything compiles.
 """
+
 import dataclasses
 import os
 from typing import Any, Dict, Tuple
@@ -42,17 +44,20 @@ def _positive(section, obj, names, minimum=1):
 
 @dataclasses.dataclass(frozen=True)
 class EnvSpec:
-  """One environment tag: what is played and how many groups per step."""
-  tag: str
-  name: str
-  options: Tuple[Tuple[str, Any], ...]
-  val_options: Tuple[Tuple[str, Any], ...]
-  render_format: str
-  max_actions_per_traj: int
-  max_tokens_hint: int
-  train_groups: int
-  val_groups: int
-  sft_batches: int
+  """One environment tag (RAGEN's custom_envs entry plus its es_manager group counts).
+
+  Its section also holds `rollout.RolloutConfig.PER_TAG` (render format, action budget, the
+  prompt's length hint), declared there.
+  """
+
+  name: str  # ragen_jax.envs registry name
+  options: Tuple[Tuple[str, Any], ...] = ()  # keyword arguments of envs.make
+  val_options: Tuple[Tuple[str, Any], ...] = ()  # overrides of `options` for validation
+  train_groups: int = 8  # env groups of this tag per training step
+  val_groups: int = 64  # validation groups (group g plays the level of seed.val + g)
+  sft_batches: int = 1  # demonstration batches of this tag per round of the SFT mix
+  per_tag: Tuple[Tuple[str, Any], ...] = ()  # RolloutConfig.PER_TAG values of this tag
+  tag: str = ""  # the section's name in config.envs (set by from_config)
 
   def make(self, validation: bool = False):
     options = dict(self.options)
@@ -60,114 +65,132 @@ class EnvSpec:
       options.update(self.val_options)
     return envs.make(self.name, **options)
 
-  def rollout_config(self, r: "RolloutSpec", validation: bool) -> rollout_lib.RolloutConfig:
-    return rollout_lib.RolloutConfig(
-        env_groups=min(self.val_groups, r.val_batch_groups) if validation else self.train_groups,
-        group_size=r.val_group_size if validation else r.group_size,
-        max_turns=r.max_turns, max_actions_per_turn=r.max_actions_per_turn,
-        max_actions_per_traj=self.max_actions_per_traj, action_sep=r.action_sep,
-        format_penalty=r.format_penalty, enable_think=r.enable_think,
-        unchanged_penalty=0.0 if validation else r.unchanged_penalty,
-        max_new_tokens=r.max_new_tokens, max_context=r.max_context,
-        max_turn_tokens=r.max_turn_tokens,
-        temperature=r.val_temperature if validation else r.temperature,
-        top_p=r.top_p, top_k=r.top_k, render_format=self.render_format,
-        max_tokens_hint=self.max_tokens_hint, use_turn_scores=r.use_turn_scores)
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutSpec:
-  group_size: int
-  max_turns: int
-  max_actions_per_turn: int
-  action_sep: str
-  format_penalty: float
-  unchanged_penalty: float
-  enable_think: bool
-  max_new_tokens: int
-  max_context: int
-  max_turn_tokens: int
-  temperature: float
-  top_p: float
-  top_k: int
-  use_turn_scores: bool
-  val_group_size: int
-  val_temperature: float
-  val_batch_groups: int
+  def rollout_config(
+      self, rollout: rollout_lib.RolloutConfig, validation: bool
+  ) -> rollout_lib.RolloutConfig:
+    """The run's rollout knobs with this tag's group count and per-tag values."""
+    base = rollout.for_validation() if validation else rollout
+    groups = min(self.val_groups, rollout.val_batch_groups) if validation else self.train_groups
+    return dataclasses.replace(base, env_groups=groups, **dict(self.per_tag))
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
-  preset: str
-  checkpoint: str | None
-  warm_start: bool
-  tokenizer: str
-  dtype: str
-  remat: bool = False
+  """Which policy a run starts from."""
+
+  preset: str = "tiny"  # ragen_jax.models.PRESETS name (used without checkpoint)
+  checkpoint: str | None = None  # local Hugging Face directory; replaces the preset
+  warm_start: bool = True  # tiny preset: start from the shipped fine-tuned weights
+  # (ragen_jax/assets/tiny_warm_start, configs/warm_start_sft.py)
+  tokenizer: str = "sentencepiece"  # without a checkpoint (or one lacking tokenizer.json)
+  dtype: str = "float32"  # activation dtype (parameters stay float32)
+  remat: bool = False  # recompute each layer in the backward pass (memory)
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainerSpec:
-  total_steps: int
-  eval_every: int
-  save_every: int
-  keep_checkpoints: int
-  sample_trajectories: int
-  pad_multiple: int
+  """The run's schedule."""
+
+  total_steps: int = 200  # training steps (RAGEN total_training_steps)
+  eval_every: int = 10  # validation every N steps, and at step 0 (RAGEN test_freq)
+  save_every: int = 10  # checkpoint every N steps (and at the end)
+  keep_checkpoints: int = 3  # newest checkpoints kept
+  sample_trajectories: int = 3  # validation trajectories logged as text per evaluation
+  pad_multiple: int = 256  # training sequences padded to a multiple of this, so the
+  # train step compiles once per length bucket
 
 
 @dataclasses.dataclass(frozen=True)
 class SeedSpec:
-  train: int
-  val: int
-  init: int
+  """Seeds; every random choice of a run derives from these (train.keys)."""
+
+  train: int = 10000  # first training level seed (advances by groups per step)
+  val: int = 123  # first validation level seed
+  init: int = 0  # model init, sampling and shuffling keys
+
+
+# Section name -> (dataclass, fields that are not config keys). The PPO temperature is the
+# rollout's; the rollout's per-tag fields live in each env section.
+SECTIONS = {
+    "model": (ModelSpec, ()),
+    "rollout": (
+        rollout_lib.RolloutConfig,
+        ("env_groups", "instruction") + rollout_lib.RolloutConfig.PER_TAG,
+    ),
+    "ppo": (algos.PPOConfig, ("temperature",)),
+    "sft": (SFTConfig, ()),
+    "trainer": (TrainerSpec, ()),
+    "diagnostics": (CollapseConfig, ()),
+    "early_stop": (EarlyStopConfig, ()),
+    "mesh": (MeshSpec, ()),
+    "seed": (SeedSpec, ()),
+}
+ENV_KEYS = ("name", "options", "val_options", "train_groups", "val_groups", "sft_batches")
 
 
 @dataclasses.dataclass(frozen=True)
 class Experiment:
   envs: Tuple[EnvSpec, ...]
   model: ModelSpec
-  rollout: RolloutSpec
+  rollout: rollout_lib.RolloutConfig
   ppo: algos.PPOConfig
   sft: SFTConfig
   trainer: TrainerSpec
+  diagnostics: CollapseConfig
+  early_stop: EarlyStopConfig
+  mesh: MeshSpec
   seed: SeedSpec
-  diagnostics: CollapseConfig = CollapseConfig()
-  early_stop: EarlyStopConfig = EarlyStopConfig()
-  mesh: MeshSpec = MeshSpec()
 
   @property
   def train_episodes(self) -> int:
     return sum(e.train_groups for e in self.envs) * self.rollout.group_size
 
 
-def _fields(cls, section, name, exclude=()):
-  """The section's values for `cls`'s fields; a missing or extra key is an error."""
+def _values(section, name: str, keys) -> Dict[str, Any]:
+  """The section's values for `keys`; a missing or extra key is an error."""
   values = dict(section.items()) if hasattr(section, "items") else {}
-  expected = {f.name for f in dataclasses.fields(cls)} - set(exclude)
-  missing, extra = expected - set(values), set(values) - expected
+  missing, extra = set(keys) - set(values), set(values) - set(keys)
   if missing:
     _fail(f"section {name!r} lacks {sorted(missing)}")
   if extra:
-    _fail(f"section {name!r} has unknown keys {sorted(extra)}; valid: {sorted(expected)}")
+    _fail(f"section {name!r} has unknown keys {sorted(extra)}; valid: {sorted(keys)}")
   return values
+
+
+def section_keys(cls, exclude=()) -> Tuple[str, ...]:
+  return tuple(f.name for f in dataclasses.fields(cls) if f.init and f.name not in exclude)
+
+
+def _hashable(d) -> Tuple[Tuple[str, Any], ...]:
+  # Lists (e.g. a config read back from JSON) become tuples: environments are hashable.
+  d = d.to_dict() if hasattr(d, "to_dict") else dict(d)
+  return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in d.items()))
 
 
 def _env_spec(tag: str, section) -> EnvSpec:
   where = f"envs.{tag}"
-  if section.name not in envs.REGISTRY:
-    _fail(f"{where}.name {section.name!r} is not an environment; valid: {sorted(envs.REGISTRY)}")
-  if section.render_format not in env_base.RENDER_FORMATS:
-    _fail(f"{where}.render_format {section.render_format!r} not in {env_base.RENDER_FORMATS}")
-  # Lists (e.g. a config read back from checkpoint JSON) become tuples: envs are hashable.
-  hashable = lambda d: tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
-                                    for k, v in d.to_dict().items()))
-  options, val_options = hashable(section.options), hashable(section.val_options)
-  spec = EnvSpec(tag, section.name, options, val_options, section.render_format,
-                 section.max_actions_per_traj, section.max_tokens_hint, section.train_groups,
-                 section.val_groups, section.get("sft_batches", 1))  # absent in older runs' configs
-  _positive(where, spec, ("max_actions_per_traj", "max_tokens_hint", "train_groups",
-                          "val_groups", "sft_batches"))
+  values = _values(section, where, ENV_KEYS + rollout_lib.RolloutConfig.PER_TAG)
+  if values["name"] not in envs.REGISTRY:
+    _fail(
+        f"{where}.name {values['name']!r} is not an environment; valid: " f"{sorted(envs.REGISTRY)}"
+    )
+  if values["render_format"] not in env_base.RENDER_FORMATS:
+    _fail(f"{where}.render_format {values['render_format']!r} not in " f"{env_base.RENDER_FORMATS}")
+  per_tag = tuple((k, values.pop(k)) for k in rollout_lib.RolloutConfig.PER_TAG)
+  spec = EnvSpec(
+      **{
+          **values,
+          "options": _hashable(values["options"]),
+          "val_options": _hashable(values["val_options"]),
+      },
+      per_tag=per_tag,
+      tag=tag,
+  )
+  _positive(where, spec, ("train_groups", "val_groups", "sft_batches"))
+  for key in ("max_actions_per_traj", "max_tokens_hint"):
+    value = dict(per_tag)[key]
+    if not isinstance(value, int) or value < 1:
+      _fail(f"{where}.{key} must be an integer >= 1, got {value!r}")
   try:
     spec.make()
     spec.make(validation=True)
@@ -176,75 +199,61 @@ def _env_spec(tag: str, section) -> EnvSpec:
   return spec
 
 
+def _check_model(model: ModelSpec) -> None:
+  if model.checkpoint is None and model.preset.lower() not in models.PRESETS:
+    _fail(f"model.preset {model.preset!r} is unknown; valid: {sorted(models.PRESETS)}")
+  if model.checkpoint is None and model.preset.lower().startswith("qwen"):
+    _fail(
+        f"model.preset {model.preset!r} needs real weights: pass "
+        "--config.model.checkpoint=DIR (a local Hugging Face directory)"
+    )
+  if model.checkpoint is not None and not os.path.isfile(
+      os.path.join(model.checkpoint, "config.json")
+  ):
+    _fail(
+        f"model.checkpoint {model.checkpoint!r} is not a Hugging Face directory " "(no config.json)"
+    )
+  if model.warm_start and model.checkpoint is None and model.preset.lower() != "tiny":
+    _fail(
+        f"model.warm_start exists for the tiny preset only (got {model.preset!r}); set "
+        "--config.model.warm_start=False"
+    )
+  if model.dtype not in _DTYPES:
+    _fail(f"model.dtype {model.dtype!r} not in {_DTYPES}")
+
+
 def from_config(config) -> Experiment:
   """Validates an experiment ConfigDict (see module doc); raises ValueError naming the key."""
-  for name in ("envs", "model", "rollout", "ppo", "sft", "trainer", "seed"):
+  for name in ("envs", *SECTIONS):
     if name not in config:
       _fail(f"missing section {name!r}")
   if not config.envs.keys():
     _fail("envs must name at least one environment")
   env_specs = tuple(_env_spec(tag, config.envs[tag]) for tag in config.envs.keys())
-
-  model = ModelSpec(**_fields(ModelSpec, config.model, "model"))
-  if model.checkpoint is None and model.preset.lower() not in models.PRESETS:
-    _fail(f"model.preset {model.preset!r} is unknown; valid: {sorted(models.PRESETS)}")
-  if model.checkpoint is None and model.preset.lower().startswith("qwen"):
-    _fail(f"model.preset {model.preset!r} needs real weights: pass "
-          "--config.model.checkpoint=DIR (a local Hugging Face directory)")
-  if model.checkpoint is not None and not os.path.isfile(
-      os.path.join(model.checkpoint, "config.json")):
-    _fail(f"model.checkpoint {model.checkpoint!r} is not a Hugging Face directory "
-          "(no config.json)")
-  if model.warm_start and model.checkpoint is None and model.preset.lower() != "tiny":
-    _fail(f"model.warm_start exists for the tiny preset only (got {model.preset!r}); set "
-          "--config.model.warm_start=False")
-  if model.dtype not in _DTYPES:
-    _fail(f"model.dtype {model.dtype!r} not in {_DTYPES}")
-
-  rollout = RolloutSpec(**_fields(RolloutSpec, config.rollout, "rollout"))
-  _positive("rollout", rollout, ("group_size", "max_turns", "max_actions_per_turn",
-                                 "max_new_tokens", "max_turn_tokens", "val_group_size",
-                                 "val_batch_groups"))
-  if rollout.max_context <= rollout.max_new_tokens:
-    _fail("rollout.max_context must exceed rollout.max_new_tokens")
-  if rollout.temperature <= 0 or rollout.val_temperature < 0:
-    _fail("rollout.temperature must be > 0 and rollout.val_temperature >= 0")
-
-  # The update's temperature is the rollout's (log-probs of the sampling distribution).
-  ppo_values = _fields(algos.PPOConfig, config.ppo, "ppo", exclude=("temperature",))
-  sft_values = _fields(SFTConfig, config.sft, "sft")
-  trainer = TrainerSpec(**_fields(TrainerSpec, config.trainer, "trainer"))
-  _positive("trainer", trainer, ("eval_every", "save_every", "keep_checkpoints",
-                                 "pad_multiple"))
-  _positive("trainer", trainer, ("total_steps", "sample_trajectories"), minimum=0)
-  # Optional sections (runs saved before they existed): absent means the defaults.
-  diag_values = (_fields(CollapseConfig, config.diagnostics, "diagnostics")
-                 if "diagnostics" in config else {})
-  stop_values = (_fields(EarlyStopConfig, config.early_stop, "early_stop")
-                 if "early_stop" in config else {})
-  mesh_values = (_fields(MeshSpec, config.mesh, "mesh") if "mesh" in config else {})
-  if "rules" in mesh_values and hasattr(mesh_values["rules"], "to_dict"):
-    mesh_values["rules"] = mesh_values["rules"].to_dict()
+  built = {}
+  for name, (cls, exclude) in SECTIONS.items():
+    values = _values(config[name], name, section_keys(cls, exclude))
+    values = {k: v.to_dict() if hasattr(v, "to_dict") else v for k, v in values.items()}
+    if name == "ppo":  # the update's log-probs are those of the sampling distribution
+      values["temperature"] = config.rollout.temperature
+    try:
+      built[name] = cls(**values)
+    except (TypeError, ValueError) as e:
+      _fail(str(e))
+  exp = Experiment(envs=env_specs, **built)
+  _check_model(exp.model)
   try:
-    ppo = algos.PPOConfig(**ppo_values, temperature=rollout.temperature)
-    sft = SFTConfig(**sft_values)
-    diag = CollapseConfig(**diag_values)
-    early_stop = EarlyStopConfig(**stop_values)
-    mesh = MeshSpec(**mesh_values)
-  except (TypeError, ValueError) as e:
-    _fail(str(e))
-  exp = Experiment(env_specs, model, rollout, ppo, sft, trainer,
-                   SeedSpec(**_fields(SeedSpec, config.seed, "seed")), diag, early_stop, mesh)
-  try:
-    ppo.check_batch(exp.train_episodes)
+    exp.ppo.check_batch(exp.train_episodes)
   except ValueError as e:
     _fail(f"{e} (training episodes per step = sum of envs.*.train_groups x rollout.group_size)")
-  if sft.steps and model.checkpoint is not None:
-    _fail("sft.steps > 0 fine-tunes the tiny from-scratch model; with model.checkpoint set "
-          "use sft.steps=0")
+  if exp.sft.steps and exp.model.checkpoint is not None:
+    _fail(
+        "sft.steps > 0 fine-tunes the tiny from-scratch model; with model.checkpoint set "
+        "use sft.steps=0"
+    )
   return exp
 
 
 def describe(exp: Experiment) -> Dict[str, Any]:
-  """A JSON-serialisable view (logged at start and stored with checkpoints)."""
+  """A JSON-serialisable view (logged at start)."""
   return dataclasses.asdict(exp)

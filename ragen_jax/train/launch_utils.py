@@ -1,4 +1,5 @@
 """What `launch.py` does around the trainer: early override checks and the start-up log."""
+
 import importlib.util
 import os
 import platform
@@ -41,14 +42,22 @@ class _QuietLibraries:
 def log_start(config, workdir: str) -> None:
   """Versions, devices and the resolved config, to the log and `workdir/config.json`."""
   import flax, optax, orbax.checkpoint  # pylint: disable=g-import-not-at-top,multiple-imports
+
   logging.get_absl_handler().addFilter(_QuietLibraries())
-  logging.info("python %s, jax %s, jaxlib %s, flax %s, optax %s, orbax %s",
-               platform.python_version(), jax.__version__, jax.lib.__version__,
-               flax.__version__, optax.__version__, orbax.checkpoint.__version__)
-  logging.info("devices: %s (process %d of %d)", jax.devices(), jax.process_index(),
-               jax.process_count())
+  logging.info(
+      "python %s, jax %s, jaxlib %s, flax %s, optax %s, orbax %s",
+      platform.python_version(),
+      jax.__version__,
+      jax.lib.__version__,
+      flax.__version__,
+      optax.__version__,
+      orbax.checkpoint.__version__,
+  )
+  logging.info(
+      "devices: %s (process %d of %d)", jax.devices(), jax.process_index(), jax.process_count()
+  )
   logging.info("workdir: %s\nconfig:\n%s", os.path.abspath(workdir), config)
   if jax.process_index() == 0:
     os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, "config.json"), "w") as fp:
+    with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as fp:
       fp.write(config.to_json_best_effort(indent=1))

@@ -15,13 +15,14 @@ Terms (bytes per device, the mesh dividing what it shards):
 It is an estimate for choosing micro_batches, remat and the mesh, not an allocator's ledger:
 XLA's fusion and temporaries add ~10-30%.
 """
+
 from typing import Dict
 
 import numpy as np
 
 from ragen_jax import models
 
-GIB = 2.0 ** 30
+GIB = 2.0**30
 
 
 def _sharded(shape_logical, sharder) -> float:
@@ -31,17 +32,26 @@ def _sharded(shape_logical, sharder) -> float:
 
 def param_elements(c: models.ModelConfig, sharder) -> float:
   """One device's share of the causal LM's parameter elements."""
-  l, d, h, k, dh, f, v = (c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
-                          c.intermediate_size, c.vocab_size)
+  l, d, h, k, dh, f, v = (
+      c.num_layers,
+      c.hidden_size,
+      c.num_heads,
+      c.num_kv_heads,
+      c.head_dim,
+      c.intermediate_size,
+      c.vocab_size,
+  )
   per = lambda *dims: _sharded(dims, sharder)
-  total = (per((l, "layers"), (d, "embed"), (h, "heads"), (dh, "head_dim")) * 2      # q, o
-           + per((l, "layers"), (d, "embed"), (k, "kv_heads"), (dh, "head_dim")) * 2  # k, v
-           + per((l, "layers"), (d, "embed"), (f, "mlp")) * 3
-           + per((l, "layers"), (h, "heads"), (dh, "head_dim"))
-           + 2 * per((l, "layers"), (k, "kv_heads"), (dh, "head_dim"))
-           + 2 * per((l, "layers"), (d, "embed"))
-           + per((v, "vocab"), (d, "embed")) * (1 if c.tie_word_embeddings else 2)
-           + per((d, "embed")))
+  total = (
+      per((l, "layers"), (d, "embed"), (h, "heads"), (dh, "head_dim")) * 2  # q, o
+      + per((l, "layers"), (d, "embed"), (k, "kv_heads"), (dh, "head_dim")) * 2  # k, v
+      + per((l, "layers"), (d, "embed"), (f, "mlp")) * 3
+      + per((l, "layers"), (h, "heads"), (dh, "head_dim"))
+      + 2 * per((l, "layers"), (k, "kv_heads"), (dh, "head_dim"))
+      + 2 * per((l, "layers"), (d, "embed"))
+      + per((v, "vocab"), (d, "embed")) * (1 if c.tie_word_embeddings else 2)
+      + per((d, "embed"))
+  )
   return total
 
 
@@ -56,9 +66,20 @@ def estimate(exp, config: models.ModelConfig, sharder) -> Dict[str, float]:
   out["reference"] = n_param * pbytes if ppo.use_kl_loss else 0.0
   batch = max(e.train_groups for e in exp.envs) * r.group_size
   capacity = r.max_context + r.max_turn_tokens
-  out["kv_cache"] = (_sharded(((c.num_layers, "layers"), (batch, "batch"), (capacity, "length"),
-                               (c.num_kv_heads, "kv_heads"), (c.head_dim, "head_dim")), sharder)
-                     * 2 * abytes)
+  out["kv_cache"] = (
+      _sharded(
+          (
+              (c.num_layers, "layers"),
+              (batch, "batch"),
+              (capacity, "length"),
+              (c.num_kv_heads, "kv_heads"),
+              (c.head_dim, "head_dim"),
+          ),
+          sharder,
+      )
+      * 2
+      * abytes
+  )
   micro = exp.train_episodes // (ppo.num_minibatches * ppo.micro_batches)
   tokens = _sharded(((micro, "batch"),), sharder) * r.max_context
   d, f, hdh = c.hidden_size, c.intermediate_size, c.num_heads * c.head_dim
@@ -67,13 +88,16 @@ def estimate(exp, config: models.ModelConfig, sharder) -> Dict[str, float]:
   else:
     per_token = c.num_layers * (10 * d + 3 * f + 3 * hdh)
   models_trained = 2 if out["critic"] else 1
-  out["activations"] = (tokens * per_token * abytes * models_trained
-                        + tokens * min(ppo.vocab_chunk, c.vocab_size) * 4)
+  out["activations"] = (
+      tokens * per_token * abytes * models_trained + tokens * min(ppo.vocab_chunk, c.vocab_size) * 4
+  )
   out["total"] = sum(out.values())
   return out
 
 
-def describe(estimate_bytes: Dict[str, float], device_bytes: float | None) -> str:
+def describe(
+    estimate_bytes: Dict[str, float], device_bytes: float | None  # pylint: disable=redefined-outer-name
+) -> str:
   parts = ", ".join(f"{k} {v / GIB:.2f}" for k, v in estimate_bytes.items() if k != "total")
   line = f"memory per device (estimate, GiB): {parts}; total {estimate_bytes['total'] / GIB:.2f}"
   if device_bytes:
@@ -87,8 +111,9 @@ def describe(estimate_bytes: Dict[str, float], device_bytes: float | None) -> st
 def device_bytes() -> float | None:
   """The first local device's memory limit, where the platform reports one (GPU, TPU)."""
   import jax  # pylint: disable=g-import-not-at-top
+
   try:
     stats = jax.local_devices()[0].memory_stats() or {}
   except Exception:  # pylint: disable=broad-except
-    return None      # CPU backends report nothing
+    return None  # CPU backends report nothing
   return stats.get("bytes_limit")

@@ -5,6 +5,7 @@ present); the tiny preset's shipped warm start (`model.warm_start`: the weights
 configs/warm_start_sft.py fine-tuned on expert demonstrations, in ragen_jax/assets); or the
 preset initialised from `seed.init`.
 """
+
 import json
 import os
 
@@ -15,8 +16,9 @@ import jax.numpy as jnp
 from ragen_jax import models
 from ragen_jax import tokenizers
 
-WARM_START_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets",
-                              "tiny_warm_start")
+WARM_START_DIR = os.path.join(
+    os.path.dirname(os.path.dirname(__file__)), "assets", "tiny_warm_start"
+)
 
 
 def model_config(exp) -> models.ModelConfig:
@@ -26,7 +28,7 @@ def model_config(exp) -> models.ModelConfig:
     checkpoint = WARM_START_DIR
   if checkpoint is None:
     return models.get_config(exp.model.preset)
-  with open(os.path.join(checkpoint, "config.json")) as fp:
+  with open(os.path.join(checkpoint, "config.json"), encoding="utf-8") as fp:
     return models.ModelConfig.from_hf_dict(json.load(fp))
 
 
@@ -46,18 +48,27 @@ def build(exp, sharder=None):
     sharder.check_model(model_config(exp))
     shard = sharder.named
   if checkpoint is None:
-    model = models.create(spec.preset, jax.random.key(exp.seed.init), dtype=dtype,
-                          param_dtype=jnp.float32, sharding=shard, remat=spec.remat)
+    model = models.create(
+        spec.preset,
+        jax.random.key(exp.seed.init),
+        dtype=dtype,
+        param_dtype=jnp.float32,
+        sharding=shard,
+        remat=spec.remat,
+    )
     tok = tokenizers.load(spec.tokenizer)
   else:
-    model = models.load_hf(checkpoint, dtype=dtype, param_dtype=jnp.float32, sharding=shard,
-                           remat=spec.remat)
+    model = models.load_hf(
+        checkpoint, dtype=dtype, param_dtype=jnp.float32, sharding=shard, remat=spec.remat
+    )
     if os.path.exists(os.path.join(checkpoint, "tokenizer.json")):
       tok = tokenizers.load(checkpoint)
     else:
       logging.info("no tokenizer.json in %s; using %s", checkpoint, spec.tokenizer)
       tok = tokenizers.load(spec.tokenizer)
   if tok.vocab_size > model.config.vocab_size:
-    raise ValueError(f"the tokenizer has {tok.vocab_size} ids but the model only "
-                     f"{model.config.vocab_size} embedding rows")
+    raise ValueError(
+        f"the tokenizer has {tok.vocab_size} ids but the model only "
+        f"{model.config.vocab_size} embedding rows"
+    )
   return model, tok

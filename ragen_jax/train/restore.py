@@ -3,9 +3,11 @@
     model, tokenizer, config, step = restore.load_actor("runs/sokoban")   # latest step
     restore.load_actor("runs/sokoban/checkpoints/40")                      # a given step
 
-The run's own config (stored in every checkpoint's metadata) rebuilds the model structure; the
-actor parameters are then restored into it, shapes checked.
+The run's own config (stored in every checkpoint's metadata, overlaid on today's defaults so
+that keys added since still open) rebuilds the model structure; the actor parameters are then
+restored into it, shapes checked.
 """
+
 import json
 import os
 from typing import Optional, Tuple
@@ -15,17 +17,10 @@ import ml_collections
 
 from ragen_jax import algos
 from ragen_jax import checkpoints
+from ragen_jax import config_sections
 from ragen_jax.train import experiment as experiment_lib
 from ragen_jax.train import policy as policy_lib
-
-
-# Config keys added after runs were saved, with the value that reproduces those runs: a stored
-# config lacking one gets it, so older checkpoints still evaluate and export.
-ADDED_KEYS = {
-    ("rollout", "unchanged_penalty"): 0.0,
-    ("ppo", "positive_advantages_only"): False,
-    ("sft", "undo_prob"): 0.0,
-}
+from ragen_jax.train import run_state
 
 
 def locate(path: str) -> Tuple[str, Optional[int]]:
@@ -39,8 +34,10 @@ def locate(path: str) -> Tuple[str, Optional[int]]:
     return os.path.dirname(path), int(name)
   if os.path.isdir(path) and any(d.isdigit() for d in os.listdir(path)):
     return path, None
-  raise FileNotFoundError(f"{path} is not a training run: expected a workdir with "
-                          "checkpoints/, a checkpoints/ directory, or checkpoints/<step>")
+  raise FileNotFoundError(
+      f"{path} is not a training run: expected a workdir with "
+      "checkpoints/, a checkpoints/ directory, or checkpoints/<step>"
+  )
 
 
 def run_config(path: str) -> Tuple[ml_collections.ConfigDict, str, Optional[int]]:
@@ -53,21 +50,22 @@ def run_config(path: str) -> Tuple[ml_collections.ConfigDict, str, Optional[int]
     ckpt.close()
   if "config" not in meta:
     raise ValueError(f"the checkpoint in {directory} has no config in its metadata")
-  config = json.loads(meta["config"])
-  for (section, key), value in ADDED_KEYS.items():
-    if section in config:
-      config[section].setdefault(key, value)
-  return ml_collections.ConfigDict(config), directory, step
+  return stored_config(json.loads(meta["config"])), directory, step
+
+
+def stored_config(values: dict) -> ml_collections.ConfigDict:
+  """A run's stored config overlaid on today's defaults for its environment tags: a key added
+  after the run was saved gets its default, which is the behaviour the run had (a key's
+  default never changes behaviour; config files set other values)."""
+  return config_sections.overlay(config_sections.defaults_like(values), values)
 
 
 def load_actor(path: str):
   """(actor model with the trained weights, tokenizer, run config, step)."""
-  from ragen_jax.train import trainer  # pylint: disable=g-import-not-at-top
   config, directory, step = run_config(path)
   exp = experiment_lib.from_config(config)
   model, tok = policy_lib.build(exp)
-  like = jax.eval_shape(lambda: trainer.RunState(
-      algos.init_train_state(model, None, exp.ppo, jax.random.key(0)), jax.random.key(0)))
+  like = jax.eval_shape(lambda: run_state.new_state(model, exp.ppo, jax.random.key(0)))
   ckpt = checkpoints.Checkpointer(directory)
   try:
     state, meta = ckpt.restore(like, step)

@@ -10,10 +10,12 @@ sequences are padded to a multiple of `pad_multiple` so a run compiles a handful
 
 Dimensions: B sequences per batch, T tokens.
 """
+
 import dataclasses
 import time
 from typing import Any, Callable, Dict, List, Optional
 
+from absl import logging
 import flax
 from flax import nnx
 import jax
@@ -21,23 +23,26 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from ragen_jax import rollout as rollout_lib
 from ragen_jax.algos.logprobs import sequence_logprobs
 from ragen_jax.train import demos
+from ragen_jax.train import keys
 
 
 @dataclasses.dataclass(frozen=True)
 class SFTConfig:
   """Fine-tuning knobs (validated here; the config file's `sft` section maps onto them)."""
-  steps: int = 200               # optimizer steps (0 = no fine-tuning)
-  batch_size: int = 16           # sequences per step
-  lr: float = 1e-3               # AdamW peak learning rate (linear warm-up, cosine decay)
+
+  steps: int = 0  # optimizer steps (0 = no warm start)
+  batch_size: int = 16  # sequences per step
+  lr: float = 1e-3  # AdamW peak learning rate (linear warm-up, cosine decay)
   warmup_steps: int = 20
   weight_decay: float = 0.0
   grad_clip: float = 1.0
-  random_prob: float = 0.25      # share of demonstration actions replaced by random ones
-  undo_prob: float = 0.0         # share of two-action replies that take back their first move
-  seed: int = 1000000            # first level seed of the demonstrations (apart from train/val)
-  pad_multiple: int = 128        # sequences are padded to a multiple of this
+  random_prob: float = 0.25  # share of demonstration actions replaced by random ones
+  undo_prob: float = 0.0  # share of two-action replies that take back their first move
+  seed: int = 1000000  # first level seed of the demonstrations (apart from train/val)
+  pad_multiple: int = 128  # sequences are padded to a multiple of this
 
   def __post_init__(self):
     for name in ("steps", "warmup_steps"):
@@ -64,9 +69,11 @@ class SFTState:
 
 def _optimizer(cfg: SFTConfig):
   schedule = optax.warmup_cosine_decay_schedule(
-      0.0, cfg.lr, max(cfg.warmup_steps, 1), max(cfg.steps, cfg.warmup_steps + 1), cfg.lr * 0.1)
-  return optax.chain(optax.clip_by_global_norm(cfg.grad_clip),
-                     optax.adamw(schedule, weight_decay=cfg.weight_decay))
+      0.0, cfg.lr, max(cfg.warmup_steps, 1), max(cfg.steps, cfg.warmup_steps + 1), cfg.lr * 0.1
+  )
+  return optax.chain(
+      optax.clip_by_global_norm(cfg.grad_clip), optax.adamw(schedule, weight_decay=cfg.weight_decay)
+  )
 
 
 def make_sft_step(model, cfg: SFTConfig):
@@ -77,15 +84,17 @@ def make_sft_step(model, cfg: SFTConfig):
   def nll(params, tokens, attn, loss_mask):
     m = nnx.merge(graphdef, params, rest)
     hidden_BxTxD, _ = m.backbone(tokens, attn)
-    logp, _ = sequence_logprobs(hidden_BxTxD, m.unembed_kernel().astype(hidden_BxTxD.dtype),
-                                tokens, with_entropy=False)
+    logp, _ = sequence_logprobs(
+        hidden_BxTxD, m.unembed_kernel().astype(hidden_BxTxD.dtype), tokens, with_entropy=False
+    )
     maskf = loss_mask.astype(jnp.float32)
     n = jnp.maximum(jnp.sum(maskf), 1.0)
     return -jnp.sum(logp * maskf) / n, jnp.sum(jnp.exp(logp) * maskf) / n
 
   def step(state: SFTState, tokens, attn, loss_mask):
-    (loss, mean_p), grads = jax.value_and_grad(nll, has_aux=True)(state.params, tokens, attn,
-                                                                  loss_mask)
+    (loss, mean_p), grads = jax.value_and_grad(nll, has_aux=True)(
+        state.params, tokens, attn, loss_mask
+    )
     updates, opt = tx.update(grads, state.opt, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = {"sft/loss": loss, "sft/token_prob": mean_p, "sft/grad_norm": optax.tree.norm(grads)}
@@ -114,29 +123,40 @@ class DemoStream:
   """Endless demonstration batches, each from one environment (so it is padded only to that
   environment's lengths), cycling through `batch_schedule(weights)` (default: one each)."""
 
-  def __init__(self, engines: Dict[str, Any], cfg: SFTConfig, pad_id: int,
-               weights: Optional[Dict[str, int]] = None):
+  def __init__(
+      self,
+      engines: Dict[str, Any],
+      cfg: SFTConfig,
+      pad_id: int,
+      weights: Optional[Dict[str, int]] = None,
+  ):
     self.engines, self.cfg, self.pad_id = engines, cfg, pad_id
     self.schedule = batch_schedule(weights or {name: 1 for name in engines})
     if set(self.schedule) != set(engines):
-      raise ValueError(f"SFT weights name {sorted(set(self.schedule))}, the environments are "
-                       f"{sorted(engines)}; every environment needs a weight >= 1")
-    self.policies = {name: demos.expert_policy(e.env, e.config, cfg.random_prob, cfg.seed + i,
-                                                cfg.undo_prob)
-                     for i, (name, e) in enumerate(engines.items())}
+      raise ValueError(
+          f"SFT weights name {sorted(set(self.schedule))}, the environments are "
+          f"{sorted(engines)}; every environment needs a weight >= 1"
+      )
+    self.policies = {
+        name: demos.expert_policy(e.env, e.config, cfg.random_prob, cfg.seed + i, cfg.undo_prob)
+        for i, (name, e) in enumerate(engines.items())
+    }
     self.buffers = {name: [] for name in engines}
     self.rounds = {name: 0 for name in engines}
     self.calls, self.stats = 0, {}
 
   def _refill(self, name: str):
     engine, r = self.engines[name], self.rounds[name]
-    seed = self.cfg.seed + r * engine.config.env_groups
+    seed = keys.demo_level_seed(self.cfg.seed, r, engine.config.env_groups)
     result = engine.run_scripted(self.policies[name], jax.random.key(seed), seed)
     b = result.batch
-    tokens, attn, loss = (np.asarray(x) for x in (b.tokens_BxT, b.attention_mask_BxT,
-                                                   b.loss_mask_BxT))
-    rows = [(tokens[i, -n:], attn[i, -n:], loss[i, -n:])   # each row without its left padding
-            for i, n in enumerate(attn.sum(axis=1))]
+    tokens, attn, loss = (
+        np.asarray(x) for x in (b.tokens_BxT, b.attention_mask_BxT, b.loss_mask_BxT)
+    )
+    rows = [
+        (tokens[i, -n:], attn[i, -n:], loss[i, -n:])  # each row without its left padding
+        for i, n in enumerate(attn.sum(axis=1))
+    ]
     order = np.random.default_rng(seed).permutation(len(rows))
     self.buffers[name].extend(rows[i] for i in order)
     self.stats[f"sft/{name}/demo_success"] = result.summary["success"]
@@ -147,17 +167,24 @@ class DemoStream:
     self.calls += 1
     while len(self.buffers[name]) < self.cfg.batch_size:
       self._refill(name)
-    rows = self.buffers[name][:self.cfg.batch_size]
-    self.buffers[name] = self.buffers[name][self.cfg.batch_size:]
+    rows = self.buffers[name][: self.cfg.batch_size]
+    self.buffers[name] = self.buffers[name][self.cfg.batch_size :]
     width = max(len(r[0]) for r in rows)
     width += -width % self.cfg.pad_multiple
-    return [np.stack([np.pad(r[k], (width - len(r[k]), 0), constant_values=value)
-                      for r in rows]) for k, value in ((0, self.pad_id), (1, 0), (2, 0))]
+    return [
+        np.stack([np.pad(r[k], (width - len(r[k]), 0), constant_values=value) for r in rows])
+        for k, value in ((0, self.pad_id), (1, 0), (2, 0))
+    ]
 
 
-def finetune(model, engines: Dict[str, Any], cfg: SFTConfig,
-             log: Optional[Callable[[int, Dict[str, float]], None]] = None, log_every: int = 20,
-             weights: Optional[Dict[str, int]] = None):
+def finetune(
+    model,
+    engines: Dict[str, Any],
+    cfg: SFTConfig,
+    log: Optional[Callable[[int, Dict[str, float]], None]] = None,
+    log_every: int = 20,
+    weights: Optional[Dict[str, int]] = None,
+):
   """Fine-tunes a copy of `model` on expert demonstrations; returns (model, last metrics).
   `weights[name]`: batches of that environment per round of the mix (DemoStream)."""
   if cfg.steps == 0:
@@ -174,5 +201,40 @@ def finetune(model, engines: Dict[str, Any], cfg: SFTConfig,
       metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
       metrics.update(stream.stats, **{"sft/elapsed_s": time.perf_counter() - start})
       log(i + 1, metrics)
-  return (nnx.merge(graphdef, state.params, rest),
-          {k: float(v) for k, v in jax.device_get(metrics).items()})
+  return (
+      nnx.merge(graphdef, state.params, rest),
+      {k: float(v) for k, v in jax.device_get(metrics).items()},
+  )
+
+
+def warm_start(
+    model,
+    exp,
+    tokenizer,
+    sharder=None,
+    log: Optional[Callable[[int, Dict[str, float]], None]] = None,
+):
+  """The run's starting point: `model` fine-tuned for `exp.sft.steps` steps (unchanged for 0).
+
+  Each tag plays one episode per level (demonstrations cover as many levels as possible), and
+  a round of the mix holds `envs.<tag>.sft_batches` batches of that tag.
+  """
+  if not exp.sft.steps:
+    return model
+  engines = {}
+  for spec in exp.envs:
+    rc = spec.rollout_config(exp.rollout, validation=False)
+    rc = dataclasses.replace(rc, env_groups=rc.env_groups * rc.group_size, group_size=1)
+    engines[spec.tag] = rollout_lib.Rollout(spec.make(), tokenizer, rc, sharder)
+  weights = {spec.tag: spec.sft_batches for spec in exp.envs}
+  logging.info(
+      "warm start: %d steps of supervised fine-tuning on expert demonstrations "
+      "(%.0f%% random actions, %.0f%% of two-action replies taking back their first "
+      "move; batches per round %s)",
+      exp.sft.steps,
+      100 * exp.sft.random_prob,
+      100 * exp.sft.undo_prob,
+      weights,
+  )
+  model, _ = finetune(model, engines, exp.sft, weights=weights, log=log)
+  return model

@@ -28,16 +28,15 @@ its share of every rollout, after which every process holds the same episodes, m
 training batch, so every decision (stopping rules, Ctrl-C, saves) is taken identically
 everywhere. Process 0 alone writes events, trajectories and pages; all take part in checkpoints.
 """
-import dataclasses
+
+import functools
 import os
 import signal
 import time
 from typing import Any, Dict, List, Optional
 
 from absl import logging
-import flax
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -48,12 +47,12 @@ from ragen_jax import distributed
 from ragen_jax import logging_utils
 from ragen_jax import rollout as rollout_lib
 from ragen_jax import sharding
-from ragen_jax import viewer
 from ragen_jax.batch import RolloutBatch
-from ragen_jax.train import early_stop as early_stop_lib
 from ragen_jax.train import experiment as experiment_lib
+from ragen_jax.train import keys
 from ragen_jax.train import memory
 from ragen_jax.train import policy as policy_lib
+from ragen_jax.train import run_state
 from ragen_jax.train import sft as sft_lib
 from ragen_jax.train import validation
 
@@ -62,34 +61,35 @@ class NonFiniteLossError(RuntimeError):
   """A train step produced a NaN or infinite loss; the run stops without saving."""
 
 
-@flax.struct.dataclass
-class RunState:
-  """What a checkpoint holds: the update's state and the run's base PRNG key."""
-  train: algos.TrainState
-  key: jax.Array
-
-
 _LOSS_KEYS = ("actor/pg_loss", "critic/vf_loss", "actor/kl_loss", "actor/entropy")
 
 
+def _left_pad(x_BxT, value, width: int) -> np.ndarray:
+  x_BxT = np.asarray(x_BxT)
+  return np.pad(x_BxT, ((0, 0), (width - x_BxT.shape[1], 0)), constant_values=value)
+
+
 def join_batches(batches: List[RolloutBatch], pad_multiple: int, pad_id: int) -> RolloutBatch:
-  """One batch from several environments' batches: left-padded to a common width (a multiple
-  of `pad_multiple`), group ids offset so groups stay distinct."""
+  """One host (numpy) batch from several environments' batches: left-padded to a common width
+  (a multiple of `pad_multiple`), group ids offset so groups stay distinct."""
   width = max(b.tokens_BxT.shape[1] for b in batches)
   width += -width % pad_multiple
   parts, offset = [], 0
   for b in batches:
-    extra = width - b.tokens_BxT.shape[1]
-    pad = lambda x, v: np.pad(np.asarray(x), ((0, 0), (extra, 0)), constant_values=v)
-    parts.append(dict(tokens_BxT=pad(b.tokens_BxT, pad_id),
-                      attention_mask_BxT=pad(b.attention_mask_BxT, 0),
-                      loss_mask_BxT=pad(b.loss_mask_BxT, 0), logprobs_BxT=pad(b.logprobs_BxT, 0),
-                      token_rewards_BxT=pad(b.token_rewards_BxT, 0),
-                      group_ids_B=np.asarray(b.group_ids_B) + offset,
-                      scores_B=np.asarray(b.scores_B)))
+    pad = functools.partial(_left_pad, width=width)
+    parts.append(
+        dict(
+            tokens_BxT=pad(b.tokens_BxT, pad_id),
+            attention_mask_BxT=pad(b.attention_mask_BxT, 0),
+            loss_mask_BxT=pad(b.loss_mask_BxT, 0),
+            logprobs_BxT=pad(b.logprobs_BxT, 0),
+            token_rewards_BxT=pad(b.token_rewards_BxT, 0),
+            group_ids_B=np.asarray(b.group_ids_B) + offset,
+            scores_B=np.asarray(b.scores_B),
+        )
+    )
     offset += int(np.max(np.asarray(b.group_ids_B))) + 1
-  return RolloutBatch(**{k: jnp.asarray(np.concatenate([p[k] for p in parts]))
-                         for k in parts[0]})
+  return RolloutBatch(**{k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
 
 
 def rollout_metrics(results: Dict[str, Any], prefix: str) -> Dict[str, float]:
@@ -105,6 +105,17 @@ def rollout_metrics(results: Dict[str, Any], prefix: str) -> Dict[str, float]:
   for name, values in pooled.items():
     out[f"{prefix}/{name}"] = float(np.mean(np.concatenate(values)))
   return out
+
+
+def batch_metrics(batch: RolloutBatch) -> Dict[str, float]:
+  """Lengths and size of the (host) training batch."""
+  response = batch.loss_mask_BxT.sum(axis=1)
+  return {
+      "response_length/mean": float(response.mean()),
+      "prompt_length/mean": float(batch.attention_mask_BxT.sum(1).mean() - response.mean()),
+      "train/batch_size": float(batch.tokens_BxT.shape[0]),
+      "train/seq_len": float(batch.tokens_BxT.shape[1]),
+  }
 
 
 class _StopFlag:
@@ -125,8 +136,10 @@ class _StopFlag:
     if self.requested:
       raise KeyboardInterrupt
     self.requested = True
-    logging.warning("Ctrl-C: finishing this step, saving a checkpoint, then exiting "
-                    "(press again to abort without saving)")
+    logging.warning(
+        "Ctrl-C: finishing this step, saving a checkpoint, then exiting "
+        "(press again to abort without saving)"
+    )
 
   def __exit__(self, *exc):
     if self._previous is not None:
@@ -148,10 +161,10 @@ def train(config, workdir: str, stop_after: Optional[int] = None) -> Dict[str, A
   """
   exp = experiment_lib.from_config(config)
   os.makedirs(workdir, exist_ok=True)
-  is_main = jax.process_index() == 0
-  writer = logging_utils.SummaryWriter(workdir, enabled=is_main)
-  ckpt = checkpoints.Checkpointer(os.path.join(workdir, "checkpoints"),
-                                  keep=exp.trainer.keep_checkpoints)
+  writer = logging_utils.SummaryWriter(workdir, enabled=jax.process_index() == 0)
+  ckpt = checkpoints.Checkpointer(
+      os.path.join(workdir, "checkpoints"), keep=exp.trainer.keep_checkpoints
+  )
   try:
     return _Run(exp, config, workdir, writer, ckpt).loop(stop_after)
   finally:
@@ -167,89 +180,80 @@ class _Run:
     self.config_json = _config_json(config)
     # The mesh first: every size it must divide is checked before anything compiles.
     self.sharder = sharding.Sharder(exp.mesh, devices=distributed.mesh_devices())
-    logging.info("mesh %s over %d devices (%d processes)", dict(self.sharder.mesh.shape),
-                 jax.device_count(), jax.process_count())
+    logging.info(
+        "mesh %s over %d devices (%d processes)",
+        dict(self.sharder.mesh.shape),
+        jax.device_count(),
+        jax.process_count(),
+    )
     self.sharder.check_batch("the training batch (episodes per step)", exp.train_episodes)
     self.model, self.tok = policy_lib.build(exp, self.sharder)
-    logging.info("%s", memory.describe(memory.estimate(exp, self.model.config, self.sharder),
-                                       memory.device_bytes()))
-    self.engines = {e.tag: rollout_lib.Rollout(e.make(), self.tok, e.rollout_config(
-        exp.rollout, validation=False), self.sharder) for e in exp.envs}
+    logging.info(
+        "%s",
+        memory.describe(
+            memory.estimate(exp, self.model.config, self.sharder), memory.device_bytes()
+        ),
+    )
+    self.engines = {
+        e.tag: rollout_lib.Rollout(
+            e.make(), self.tok, e.rollout_config(exp.rollout, validation=False), self.sharder
+        )
+        for e in exp.envs
+    }
     self.val_engines = validation.engines(exp, self.tok, self.sharder)
-    self.groups_per_step = sum(e.train_groups for e in exp.envs)
-    like = jax.eval_shape(lambda: self._new_state(jax.random.key(0)))
+    like = jax.eval_shape(lambda: run_state.new_state(self.model, exp.ppo, jax.random.key(0)))
     self.state_sharding = self.sharder.tree(like)
     self.train_step = algos.make_train_step(
-        self.model, None, exp.ppo,
-        out_shardings=(self.state_sharding.train, self.sharder.replicated))
-    # Host-side run state beyond the TrainState, kept in checkpoint metadata.
-    self.monitor = early_stop_lib.Monitor(exp.early_stop)
-    self.collapse_ema: Dict[str, float] = {}
+        self.model,
+        None,
+        exp.ppo,
+        out_shardings=(self.state_sharding.train, self.sharder.replicated),
+    )
+    self.host = run_state.HostState.new(exp)
 
   # ------------------------------------------------------------------ state
 
-  def _fresh_state(self) -> RunState:
-    """The starting point: SFT warm start (if configured), then a new TrainState."""
-    if self.exp.sft.steps:
-      # One episode per level: demonstrations cover as many levels as possible.
-      sft_engines = {}
-      for e in self.exp.envs:
-        rc = e.rollout_config(self.exp.rollout, validation=False)
-        rc = dataclasses.replace(rc, env_groups=rc.env_groups * rc.group_size, group_size=1)
-        sft_engines[e.tag] = rollout_lib.Rollout(e.make(), self.tok, rc, self.sharder)
-      weights = {e.tag: e.sft_batches for e in self.exp.envs}
-      logging.info("warm start: %d steps of supervised fine-tuning on expert demonstrations "
-                   "(%.0f%% random actions, %.0f%% of two-action replies taking back their "
-                   "first move; batches per round %s)", self.exp.sft.steps,
-                   100 * self.exp.sft.random_prob, 100 * self.exp.sft.undo_prob, weights)
-      self.model, _ = sft_lib.finetune(
-          self.model, sft_engines, self.exp.sft,
-          weights=weights,
-          log=lambda i, m: (self.writer.scalars(i, m),
-                            logging.info("sft step %d: %s", i, _fmt(m))))
-    return distributed.put(self._new_state(jax.random.key(self.exp.seed.init)),
-                           self.state_sharding)
+  def _fresh_state(self) -> run_state.RunState:
+    """The starting point: the SFT warm start (if configured), then a new TrainState."""
+    self.model = sft_lib.warm_start(
+        self.model,
+        self.exp,
+        self.tok,
+        self.sharder,
+        log=lambda i, m: (self.writer.scalars(i, m), logging.info("sft step %d: %s", i, _fmt(m))),
+    )
+    return distributed.put(
+        run_state.new_state(self.model, self.exp.ppo, keys.base(self.exp.seed)), self.state_sharding
+    )
 
-  def _new_state(self, key) -> RunState:
-    train_state = algos.init_train_state(self.model, None, self.exp.ppo,
-                                         jax.random.fold_in(key, 1))
-    return RunState(train_state, key)
-
-  def _restore(self) -> tuple[RunState, int]:
-    like = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                        jax.eval_shape(lambda: self._new_state(jax.random.key(0))),
-                        self.state_sharding)
-    state, meta = self.ckpt.restore(like)   # arrays restored straight into their shardings
+  def _restore(self) -> tuple[run_state.RunState, int]:
+    like = jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+        jax.eval_shape(lambda: run_state.new_state(self.model, self.exp.ppo, jax.random.key(0))),
+        self.state_sharding,
+    )
+    state, meta = self.ckpt.restore(like)  # arrays restored straight into their shardings
     state = distributed.put(state, self.state_sharding)
-    step = int(meta["step"])
-    self.monitor = early_stop_lib.Monitor(self.exp.early_stop, meta.get("early_stop"))
-    self.collapse_ema = dict(meta.get("collapse_std_ema", {}))
-    self.stopped = meta.get("early_stopped")
-    logging.info("resumed from %s at step %d", self.ckpt.directory, step)
-    return state, step
+    self.host = run_state.HostState.from_meta(self.exp, meta)
+    logging.info("resumed from %s at step %d", self.ckpt.directory, int(meta["step"]))
+    return state, int(meta["step"])
 
-  def _save(self, state: RunState, step: int, stopped: Optional[Dict[str, Any]] = None):
-    meta = {"step": step, "config": self.config_json,
-            "next_train_seed": self.exp.seed.train + step * self.groups_per_step,
-            "val_seed": self.exp.seed.val, "early_stop": self.monitor.state,
-            "collapse_std_ema": self.collapse_ema}
-    if stopped:
-      meta["early_stopped"] = stopped
-    self.ckpt.save(step, state, meta)
+  def _save(self, state: run_state.RunState, step: int):
+    self.ckpt.save(step, state, self.host.meta(self.exp, step, self.config_json))
 
   # ------------------------------------------------------------------ pieces of a step
 
-  def _policy(self, state: RunState):
+  def _policy(self, state: run_state.RunState):
     return algos.actor_module(self.model, state.train)
 
-  def _rollouts(self, policy, key, step):
-    results, seed = {}, self.exp.seed.train + (step - 1) * self.groups_per_step
-    for i, (tag, engine) in enumerate(self.engines.items()):
-      results[tag] = engine.run(policy, jax.random.fold_in(key, i), seed)
-      seed += engine.config.env_groups
-    return results
+  def _collect(self, policy, step_key, step: int) -> Dict[str, rollout_lib.RolloutResult]:
+    seeds = keys.level_seeds_of_step(self.exp, step)
+    return {
+        tag: engine.run(policy, keys.rollout(step_key, i), seeds[tag])
+        for i, (tag, engine) in enumerate(self.engines.items())
+    }
 
-  def _diagnostics(self, policy, results, step: int) -> Dict[str, float]:
+  def _diagnose(self, policy, results, step: int) -> Dict[str, float]:
     """Reasoning metrics every step; RAGEN-2's MI family when due (on the unfiltered batch,
     under the policy that sampled it, before the update)."""
     if not self.exp.rollout.enable_think:
@@ -258,13 +262,27 @@ class _Run:
     metrics = diagnostics.step_metrics(turns)
     if self.exp.diagnostics.due(step):
       tic = time.perf_counter()
-      rng = np.random.default_rng([self.exp.seed.init, step, 0x4D49])
-      mi, self.collapse_ema = diagnostics.compute(
-          policy, turns, self.exp.diagnostics, rng, self.collapse_ema, pad_id=self.tok.pad_id,
-          temperature=self.exp.rollout.temperature)
+      mi, self.host.collapse_ema = diagnostics.compute(
+          policy,
+          turns,
+          self.exp.diagnostics,
+          keys.collapse_rng(self.exp.seed, step),
+          self.host.collapse_ema,
+          pad_id=self.tok.pad_id,
+          temperature=self.exp.rollout.temperature,
+      )
       metrics.update(mi)
       metrics["timing_s/collapse_metrics"] = time.perf_counter() - tic
     return metrics
+
+  def _check(self, metrics: Dict[str, float], step: int) -> None:
+    bad = [k for k in _LOSS_KEYS if k in metrics and not np.isfinite(metrics[k])]
+    if bad:
+      raise NonFiniteLossError(
+          f"step {step}: {', '.join(bad)} is not finite ({metrics[bad[0]]}); stopping "
+          f"without saving. The last good checkpoint is step {self.ckpt.latest_step()} in "
+          f"{self.ckpt.directory}; lower ppo.actor_lr or check the data."
+      )
 
   def _early_events(self, events, metrics) -> Optional[Dict[str, Any]]:
     """Logs fired rules into `metrics`; returns the first stopping one (as JSON) or None."""
@@ -276,97 +294,96 @@ class _Run:
         stopped = {"rule": event.rule, "step": event.step, "message": event.message}
     return stopped
 
-  def _validate(self, state: RunState, step: int) -> Dict[str, float]:
+  def _validate(self, state: run_state.RunState, step: int) -> Dict[str, float]:
     tic = time.perf_counter()
     metrics, episodes = validation.run(self.exp, self.val_engines, self._policy(state))
     metrics["timing_s/testing"] = time.perf_counter() - tic
-    if jax.process_index() == 0:
-      path = os.path.join(self.workdir, "eval", f"step_{step}.jsonl")
-      validation.write_jsonl(path, episodes)
-      viewer.write_html(os.path.join(self.workdir, "viewer", f"step_{step}.html"), episodes,
-                        title=f"{os.path.basename(os.path.abspath(self.workdir))}: validation at "
-                        f"step {step}")
-      for tag in self.engines:
-        samples = [e for e in episodes if e["env"] == tag][:self.exp.trainer.sample_trajectories]
-        if samples:
-          self.writer.text(step, f"val/{tag}/trajectories", validation.markdown(samples))
+    validation.write_outputs(
+        self.workdir,
+        step,
+        episodes,
+        self.writer,
+        self.engines,
+        self.exp.trainer.sample_trajectories,
+    )
     return metrics
+
+  def _start(self) -> tuple[run_state.RunState, int]:
+    """The restored state, or the starting point validated (step 0) and saved."""
+    if self.ckpt.latest_step() is not None:
+      return self._restore()
+    state = self._fresh_state()
+    val = self._validate(state, 0)
+    self.host.stopped = self._early_events(self.host.monitor.after_validation(0, val), val)
+    self.writer.scalars(0, val)
+    logging.info("step 0 (starting point): %s", _fmt(val))
+    self._save(state, 0)
+    return state, 0
 
   # ------------------------------------------------------------------ the loop
 
   def loop(self, stop_after: Optional[int]) -> Dict[str, Any]:
-    exp = self.exp
-    total = exp.trainer.total_steps
-    self.stopped = None
-    if self.ckpt.latest_step() is not None:
-      state, start = self._restore()
-    else:
-      state, start = self._fresh_state(), 0
-      val = self._validate(state, 0)
-      self.stopped = self._early_events(self.monitor.after_validation(0, val), val)
-      self.writer.scalars(0, val)
-      logging.info("step 0 (starting point): %s", _fmt(val))
-      self._save(state, 0, self.stopped)
-    if self.stopped and getattr(exp.early_stop, self.stopped["rule"]) == "stop":
-      logging.warning("the run was stopped early at step %d (%s: %s); to continue, set "
-                      "--config.early_stop.%s=warn or off", self.stopped["step"],
-                      self.stopped["rule"], self.stopped["message"], self.stopped["rule"])
-      return {"step": start, "early_stopped": self.stopped["rule"]}
-    progress = logging_utils.Progress(max(total, 1), start_step=start,
-                                      enabled=jax.process_index() == 0)
+    exp, total = self.exp, self.exp.trainer.total_steps
+    state, start = self._start()
+    stopped = self.host.stopped
+    if stopped and getattr(exp.early_stop, stopped["rule"]) == "stop":
+      logging.warning(
+          "the run was stopped early at step %d (%s: %s); to continue, set "
+          "--config.early_stop.%s=warn or off",
+          stopped["step"],
+          stopped["rule"],
+          stopped["message"],
+          stopped["rule"],
+      )
+      return {"step": start, "early_stopped": stopped["rule"]}
+    progress = logging_utils.Progress(
+        max(total, 1), start_step=start, enabled=jax.process_index() == 0
+    )
     last, step = {}, start
     with _StopFlag() as stop:
       for step in range(start + 1, total + 1):
         tic = time.perf_counter()
-        step_key = jax.random.fold_in(state.key, step)
-        policy = self._policy(state)
-        results = self._rollouts(policy, step_key, step)
+        step_key, policy = keys.step(state.key, step), self._policy(state)
+        results = self._collect(policy, step_key, step)
         t_gen = time.perf_counter() - tic
-        diag = self._diagnostics(policy, results, step)
-        # Every process holds the whole joined batch; each places the rows its devices hold.
-        host_batch = join_batches([r.batch for r in results.values()],
-                                  exp.trainer.pad_multiple, self.tok.pad_id)
+        diag = self._diagnose(policy, results, step)
+        # Built on the host once; every process holds it whole and places the rows its
+        # devices hold.
+        host_batch = join_batches(
+            [r.batch for r in results.values()], exp.trainer.pad_multiple, self.tok.pad_id
+        )
         batch = distributed.put(host_batch, self.sharder.batch_tree(host_batch))
-        tic2 = time.perf_counter()
-        train_state, metrics = self.train_step(state.train, batch, jax.random.fold_in(
-            step_key, 1000003))
+        tic_update = time.perf_counter()
+        train_state, metrics = self.train_step(state.train, batch, keys.update(step_key))
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        t_update = time.perf_counter() - tic2
-        bad = [k for k in _LOSS_KEYS if k in metrics and not np.isfinite(metrics[k])]
-        if bad:
-          raise NonFiniteLossError(
-              f"step {step}: {', '.join(bad)} is not finite ({metrics[bad[0]]}); stopping "
-              f"without saving. The last good checkpoint is step {self.ckpt.latest_step()} in "
-              f"{self.ckpt.directory}; lower ppo.actor_lr or check the data.")
+        t_update = time.perf_counter() - tic_update
+        self._check(metrics, step)
         state = state.replace(train=train_state)
-        response = np.asarray(host_batch.loss_mask_BxT).sum(axis=1)
-        metrics.update(rollout_metrics(results, "train"))
-        metrics.update(diag)
-        metrics.update({
-            "response_length/mean": float(response.mean()),
-            "prompt_length/mean": float(np.asarray(host_batch.attention_mask_BxT).sum(1).mean()
-                                        - response.mean()),
-            "train/batch_size": float(host_batch.tokens_BxT.shape[0]),
-            "train/seq_len": float(host_batch.tokens_BxT.shape[1]),
-            "timing_s/gen": t_gen, "timing_s/update": t_update,
-        })
-        events = self.monitor.after_step(step, metrics)
+        metrics.update(
+            rollout_metrics(results, "train"),
+            **diag,
+            **batch_metrics(host_batch),
+            **{"timing_s/gen": t_gen, "timing_s/update": t_update},
+        )
+        events = self.host.monitor.after_step(step, metrics)
         if step % exp.trainer.eval_every == 0 or step == total:
           val = self._validate(state, step)
           metrics.update(val)
-          events += self.monitor.after_validation(step, val)
-        stopped = self._early_events(events, metrics)
+          events += self.host.monitor.after_validation(step, val)
+        self.host.stopped = stopped = self._early_events(events, metrics)
         metrics["timing_s/step"] = time.perf_counter() - tic
-        metrics["perf/throughput"] = float(np.asarray(host_batch.attention_mask_BxT).sum()
-                                           ) / metrics["timing_s/step"]
+        metrics["perf/throughput"] = (
+            float(host_batch.attention_mask_BxT.sum()) / metrics["timing_s/step"]
+        )
         self.writer.scalars(step, metrics)
         progress.update(step, metrics)
         last = metrics
         # A Ctrl-C that reached only some processes still stops them all at the same step.
-        interrupted = (distributed.any_across(stop.requested)
-                       or (stop_after is not None and step - start >= stop_after))
+        interrupted = distributed.any_across(stop.requested) or (
+            stop_after is not None and step - start >= stop_after
+        )
         if step % exp.trainer.save_every == 0 or step == total or interrupted or stopped:
-          self._save(state, step, stopped)
+          self._save(state, step)
         if stopped:
           logging.warning("stopping early after step %d (%s)", step, stopped["rule"])
           last["early_stopped"] = stopped["rule"]
@@ -379,5 +396,5 @@ class _Run:
 
 
 def _fmt(metrics: Dict[str, float]) -> str:
-  keys = [k for k in sorted(metrics) if k.endswith(("success", "loss", "pass@1"))][:8]
-  return ", ".join(f"{k}={metrics[k]:.3g}" for k in keys)
+  keys_ = [k for k in sorted(metrics) if k.endswith(("success", "loss", "pass@1"))][:8]
+  return ", ".join(f"{k}={metrics[k]:.3g}" for k in keys_)

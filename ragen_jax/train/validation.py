@@ -8,6 +8,7 @@ full one (same shapes, no recompile) and keeps only its first groups.
 Metrics: `val/<tag>/<metric>` per tag, `val/<metric>` pooled over tags, and
 `val/<tag>/pass@k` (k = val_group_size: any success within a group).
 """
+
 import json
 import os
 from typing import Any, Dict, List, Tuple
@@ -16,24 +17,32 @@ import jax
 import numpy as np
 
 from ragen_jax import rollout as rollout_lib
+from ragen_jax import viewer
+from ragen_jax.train import keys
 
 
 def engines(exp, tokenizer, sharder=None) -> Dict[str, rollout_lib.Rollout]:
-  return {e.tag: rollout_lib.Rollout(e.make(validation=True), tokenizer,
-                                     e.rollout_config(exp.rollout, validation=True), sharder)
-          for e in exp.envs}
+  return {
+      e.tag: rollout_lib.Rollout(
+          e.make(validation=True),
+          tokenizer,
+          e.rollout_config(exp.rollout, validation=True),
+          sharder,
+      )
+      for e in exp.envs
+  }
 
 
 def batches(exp, spec, engine):
   """(start group, level seed, episodes to keep) of each validation batch of one tag."""
   size, k = engine.config.env_groups, exp.rollout.val_group_size
   for start in range(0, spec.val_groups, size):
-    yield start, exp.seed.val + start, min(size, spec.val_groups - start) * k
+    yield start, keys.validation_level_seed(exp, start), min(size, spec.val_groups - start) * k
 
 
 def run(exp, val_engines, model) -> Tuple[Dict[str, float], List[Dict[str, Any]]]:
   """(metrics, one record per episode) of `model` on every tag's validation levels."""
-  key = jax.random.fold_in(jax.random.key(exp.seed.init), 7919)
+  key = keys.validation(exp.seed)
   metrics, pooled, episodes = {}, {}, []
   k = exp.rollout.val_group_size
   for spec in exp.envs:
@@ -45,8 +54,15 @@ def run(exp, val_engines, model) -> Tuple[Dict[str, float], List[Dict[str, Any]]
         per_episode.setdefault(name, []).append(values[:keep])
       for i, ep in enumerate(result.episodes[:keep]):
         group = start + ep["group_id"]
-        episodes.append({**ep, "env": spec.tag, "group_id": group, "seed": exp.seed.val + group,
-                         "episode": i % k})
+        episodes.append(
+            {
+                **ep,
+                "env": spec.tag,
+                "group_id": group,
+                "seed": keys.validation_level_seed(exp, group),
+                "episode": i % k,
+            }
+        )
     for name, parts in per_episode.items():
       values = np.concatenate(parts)
       metrics[f"val/{spec.tag}/{name}"] = float(values.mean())
@@ -58,9 +74,28 @@ def run(exp, val_engines, model) -> Tuple[Dict[str, float], List[Dict[str, Any]]
   return metrics, episodes
 
 
+def write_outputs(
+    workdir: str, step: int, episodes: List[Dict[str, Any]], writer, tags, sample_trajectories: int
+) -> None:
+  """A validation's trajectories: `eval/step_<s>.jsonl`, the viewer page `viewer/step_<s>.html`
+  and the first `sample_trajectories` of each tag as TensorBoard text (process 0 only)."""
+  if jax.process_index() != 0:
+    return
+  write_jsonl(os.path.join(workdir, "eval", f"step_{step}.jsonl"), episodes)
+  viewer.write_html(
+      os.path.join(workdir, "viewer", f"step_{step}.html"),
+      episodes,
+      title=f"{os.path.basename(os.path.abspath(workdir))}: validation at " f"step {step}",
+  )
+  for tag in tags:
+    samples = [e for e in episodes if e["env"] == tag][:sample_trajectories]
+    if samples:
+      writer.text(step, f"val/{tag}/trajectories", markdown(samples))
+
+
 def write_jsonl(path: str, episodes: List[Dict[str, Any]]) -> None:
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path, "w") as fp:
+  with open(path, "w", encoding="utf-8") as fp:
     for ep in episodes:
       fp.write(json.dumps(ep, ensure_ascii=False) + "\n")
 
@@ -70,6 +105,8 @@ def markdown(episodes: List[Dict[str, Any]]) -> str:
   parts = []
   for ep in episodes:
     body = "\n".join(f"[{m['role']}]\n{m['content']}" for m in ep["messages"][1:])
-    parts.append(f"**{ep['env']} seed {ep['seed']}**: success {ep['success']}, reward "
-                 f"{ep['reward']:.2f}, turns {ep['turns']}\n\n```\n{body}\n```")
+    parts.append(
+        f"**{ep['env']} seed {ep['seed']}**: success {ep['success']}, reward "
+        f"{ep['reward']:.2f}, turns {ep['turns']}\n\n```\n{body}\n```"
+    )
   return "\n\n".join(parts)

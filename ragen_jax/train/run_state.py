@@ -1,0 +1,63 @@
+"""What a run carries from step to step and stores in its checkpoints.
+
+`RunState` is the device pytree (the update's `algos.TrainState` and the run's base key), saved
+as arrays; `HostState` is the host-side rest (stopping-rule streaks, the MI z-score EMA, an early
+stop), saved as JSON in the checkpoint's metadata with the config and the seed counters.
+"""
+
+import dataclasses
+from typing import Any, Dict, Optional
+
+import flax
+import jax
+
+from ragen_jax import algos
+from ragen_jax.train import early_stop as early_stop_lib
+from ragen_jax.train import keys
+
+
+@flax.struct.dataclass
+class RunState:
+  """What a checkpoint's arrays hold: the update's state and the run's base PRNG key."""
+
+  train: algos.TrainState
+  key: jax.Array
+
+
+def new_state(model, ppo: algos.PPOConfig, base_key: jax.Array) -> RunState:
+  """A fresh TrainState for `model` (a separate critic initialised from it, as RAGEN does)."""
+  return RunState(algos.init_train_state(model, None, ppo, keys.state_init(base_key)), base_key)
+
+
+@dataclasses.dataclass
+class HostState:
+  """Host-side run state, kept in checkpoint metadata so a resumed run continues it."""
+
+  monitor: early_stop_lib.Monitor
+  collapse_ema: Dict[str, float] = dataclasses.field(default_factory=dict)
+  stopped: Optional[Dict[str, Any]] = None  # the stopping rule that ended the run
+
+  @classmethod
+  def new(cls, exp) -> "HostState":
+    return cls(early_stop_lib.Monitor(exp.early_stop))
+
+  @classmethod
+  def from_meta(cls, exp, meta: Dict[str, Any]) -> "HostState":
+    return cls(
+        early_stop_lib.Monitor(exp.early_stop, meta.get("early_stop")),
+        dict(meta.get("collapse_std_ema", {})),
+        meta.get("early_stopped"),
+    )
+
+  def meta(self, exp, step: int, config_json: str) -> Dict[str, Any]:
+    out = {
+        "step": step,
+        "config": config_json,
+        "next_train_seed": keys.next_train_seed(exp, step),
+        "val_seed": exp.seed.val,
+        "early_stop": self.monitor.state,
+        "collapse_std_ema": self.collapse_ema,
+    }
+    if self.stopped:
+      out["early_stopped"] = self.stopped
+    return out
