@@ -19,6 +19,9 @@ import jax
 
 @struct.dataclass
 class RolloutBatch:
+  """One sequence per episode. The rollout engine returns it with numpy arrays (a host batch);
+  the trainer joins the tags' batches and places the result on the devices once."""
+
   tokens_BxT: jax.Array  # int32 token ids, left-padded
   attention_mask_BxT: jax.Array  # int32, 0 on left padding
   loss_mask_BxT: jax.Array  # int32, 1 on sampled assistant tokens
