@@ -96,9 +96,9 @@ def env(name: str, **values) -> ml_collections.ConfigDict:
   )
   out.options = section(envs_lib.REGISTRY[name], where=f"envs({name}).options")
   out.val_options = ml_collections.ConfigDict()
-  rollout_defaults = section(rollout_lib.RolloutConfig)
-  for key in rollout_lib.RolloutConfig.PER_TAG:
-    out[key] = rollout_defaults[key]
+  for field in dataclasses.fields(rollout_lib.RolloutConfig):
+    if field.name in rollout_lib.RolloutConfig.PER_TAG:
+      out[field.name] = _config_value(field)
   _update(out, {**ENV_DEFAULTS.get(name, {}), **values}, f"envs({name})")
   return out
 

@@ -71,6 +71,7 @@ def test_unknown_variant_is_named():
         ("envs.sokoban.name", "sokobn", "not an environment; valid"),
         ("envs.sokoban.render_format", "pixels", "render_format"),
         ("envs.sokoban.sft_batches", 0, "envs.sokoban.sft_batches must be an integer >= 1"),
+        ("envs.sokoban.max_tokens_hint", 0, "envs.sokoban: .*max_tokens_hint must be an integer"),
         ("ppo.num_minibatches", 5, "not divisible by num_minibatches"),
         ("ppo.adv_estimator", "ppo", "adv_estimator must be one of"),
         ("ppo.clip_low", 1.5, "clip_low"),

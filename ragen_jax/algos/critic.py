@@ -15,6 +15,7 @@ Dimensions:
   B: episodes.  T: tokens.  D: hidden size.
 """
 
+import abc
 from typing import Callable
 
 from flax import nnx
@@ -22,7 +23,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from ragen_jax.algos.step_records import copy_tree
 from ragen_jax.algos.step_records import ModelGraph
+from ragen_jax.algos.step_records import optimizer_step
 from ragen_jax.algos.step_records import param_dict
 
 # values_BxT -> (value loss, metrics) of one micro-batch.
@@ -32,11 +35,6 @@ ValueLossFn = Callable[[jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
 def shift_right(x_BxT):
   """Value for token t is read at position t − 1 (the state before the token), as in veRL."""
   return jnp.pad(x_BxT[:, :-1], ((0, 0), (1, 0)))
-
-
-def _update(tx, grads, opt, params):
-  updates, opt = tx.update(grads, opt, params)
-  return optax.apply_updates(params, updates), opt
 
 
 class Critic:
@@ -97,13 +95,14 @@ class NoCritic(Critic):
   """Critic-free estimators (GRPO, Dr.GRPO, BRPO, ARPO): nothing to compute or train."""
 
 
-class _TrainedCritic(Critic):
+class _TrainedCritic(Critic, abc.ABC):
   """A critic with parameters of its own and an optimizer."""
 
   has_values = True
 
+  @abc.abstractmethod
   def _init_params(self, key):
-    raise NotImplementedError
+    """The critic's fresh parameters (a pure dict)."""
 
   def init(self, tx, key):
     params = self._init_params(key)
@@ -113,7 +112,7 @@ class _TrainedCritic(Critic):
     return {"critic/grad_norm": optax.tree.norm(grads)}
 
   def apply(self, tx, grads, opt, params):
-    return _update(tx, grads, opt, params)
+    return optimizer_step(tx, grads, opt, params)
 
 
 def _critic_model(actor_model, critic_model, key):
@@ -138,8 +137,7 @@ class SeparateCritic(_TrainedCritic):
 
   def _init_params(self, key):
     model = _critic_model(self._actor_model, self._critic_model, key)
-    # Copies: donating the state must not invalidate the critic module's buffers.
-    return jax.tree.map(lambda a: jnp.array(a, copy=True), param_dict(model))
+    return copy_tree(param_dict(model))
 
   def values(self, params, tokens_BxT, attn_BxT, hidden_BxTxD):
     del hidden_BxTxD

@@ -37,9 +37,11 @@ from ragen_jax.algos import losses
 from ragen_jax.algos.config import PPOConfig
 from ragen_jax.algos.logprobs import sequence_logprobs
 from ragen_jax.algos.step_records import Advantages
+from ragen_jax.algos.step_records import copy_tree
 from ragen_jax.algos.step_records import Learner
 from ragen_jax.algos.step_records import ModelGraph
 from ragen_jax.algos.step_records import OldPass
+from ragen_jax.algos.step_records import optimizer_step
 from ragen_jax.algos.step_records import param_dict
 from ragen_jax.algos.step_records import Selection
 from ragen_jax.algos.step_records import StepSpec
@@ -70,10 +72,6 @@ def _optimizer(lr, cfg):
   )
 
 
-def _copy(tree):
-  return jax.tree.map(lambda a: jnp.array(a, copy=True), tree)
-
-
 def init_train_state(
     actor_model, critic_model, cfg: PPOConfig, key, ref_model=None, actor_tx=None, critic_tx=None
 ):
@@ -91,12 +89,14 @@ def init_train_state(
   """
   actor_tx = actor_tx or _optimizer(cfg.actor_lr, cfg)
   critic_tx = critic_tx or _optimizer(cfg.critic_lr, cfg)
-  actor_params = _copy(param_dict(actor_model))
+  actor_params = copy_tree(param_dict(actor_model))
   critic = critic_lib.make_critic(cfg, actor_model, critic_model)
   critic_params, critic_opt = critic.init(critic_tx, key)
   ref_params = None
   if cfg.use_kl_loss:
-    ref_params = _copy(param_dict(ref_model)) if ref_model is not None else _copy(actor_params)
+    ref_params = (
+        copy_tree(param_dict(ref_model)) if ref_model is not None else copy_tree(actor_params)
+    )
   return TrainState(
       actor_params=actor_params,
       actor_opt=actor_tx.init(actor_params),
@@ -325,8 +325,9 @@ def _minibatch(spec: StepSpec, data: UpdateData, skipped, learner: Learner, idx_
   metrics.update(critic.grad_metrics(c_grads))
 
   def apply(learner, a_grads, c_grads):
-    upd, actor_opt = spec.actor_tx.update(a_grads, learner.actor_opt, learner.actor_params)
-    actor_params = optax.apply_updates(learner.actor_params, upd)
+    actor_params, actor_opt = optimizer_step(
+        spec.actor_tx, a_grads, learner.actor_opt, learner.actor_params
+    )
     critic_params, critic_opt = critic.apply(
         spec.critic_tx, c_grads, learner.critic_opt, learner.critic_params
     )

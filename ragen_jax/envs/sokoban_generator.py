@@ -183,8 +183,7 @@ def _candidate(key, dim, num_boxes, num_gen_steps, search_depth, num_walks, num_
       width=w,
       length=search_depth,
   )
-  walks = jax.vmap(lambda k: walk(k))  # pylint: disable=unnecessary-lambda  (a plain function)
-  scores_R, players_R, boxes_RxK = walks(jax.random.split(k_walks, num_walks))
+  scores_R, players_R, boxes_RxK = jax.vmap(walk)(jax.random.split(k_walks, num_walks))
   best = jnp.argmax(scores_R)
   boxes_K, player = boxes_RxK[best], players_R[best]
   displacement = jnp.sum(_manhattan(boxes_K, targets_K, w))

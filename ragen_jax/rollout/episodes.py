@@ -57,6 +57,7 @@ class RolloutConfig:
         "max_turns",
         "max_actions_per_turn",
         "max_actions_per_traj",
+        "max_tokens_hint",
         "max_new_tokens",
         "max_turn_tokens",
         "val_group_size",

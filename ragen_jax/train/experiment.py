@@ -187,10 +187,6 @@ def _env_spec(tag: str, section) -> EnvSpec:
       tag=tag,
   )
   _positive(where, spec, ("train_groups", "val_groups", "sft_batches"))
-  for key in ("max_actions_per_traj", "max_tokens_hint"):
-    value = dict(per_tag)[key]
-    if not isinstance(value, int) or value < 1:
-      _fail(f"{where}.{key} must be an integer >= 1, got {value!r}")
   try:
     spec.make()
     spec.make(validation=True)
@@ -241,6 +237,11 @@ def from_config(config) -> Experiment:
     except (TypeError, ValueError) as e:
       _fail(str(e))
   exp = Experiment(envs=env_specs, **built)
+  for spec in exp.envs:  # the per-tag rollout values, checked by RolloutConfig itself
+    try:
+      spec.rollout_config(exp.rollout, validation=False)
+    except ValueError as e:
+      _fail(f"envs.{spec.tag}: {e}")
   _check_model(exp.model)
   try:
     exp.ppo.check_batch(exp.train_episodes)

@@ -25,6 +25,7 @@ import optax
 
 from ragen_jax import rollout as rollout_lib
 from ragen_jax.algos.logprobs import sequence_logprobs
+from ragen_jax.algos.step_records import copy_tree
 from ragen_jax.train import demos
 from ragen_jax.train import keys
 
@@ -191,7 +192,7 @@ def finetune(
     return model, {}
   init, step = make_sft_step(model, cfg)
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  state = init(jax.tree.map(lambda a: jnp.array(a, copy=True), nnx.to_pure_dict(params)))
+  state = init(copy_tree(nnx.to_pure_dict(params)))
   stream = DemoStream(engines, cfg, next(iter(engines.values())).tok.pad_id, weights)
   start, metrics = time.perf_counter(), {}
   for i in range(cfg.steps):

@@ -201,8 +201,10 @@ class _Run:
         for e in exp.envs
     }
     self.val_engines = validation.engines(exp, self.tok, self.sharder)
-    like = jax.eval_shape(lambda: run_state.new_state(self.model, exp.ppo, jax.random.key(0)))
-    self.state_sharding = self.sharder.tree(like)
+    self.state_shape = jax.eval_shape(
+        lambda: run_state.new_state(self.model, exp.ppo, jax.random.key(0))
+    )
+    self.state_sharding = self.sharder.tree(self.state_shape)
     self.train_step = algos.make_train_step(
         self.model,
         None,
@@ -229,7 +231,7 @@ class _Run:
   def _restore(self) -> tuple[run_state.RunState, int]:
     like = jax.tree.map(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-        jax.eval_shape(lambda: run_state.new_state(self.model, self.exp.ppo, jax.random.key(0))),
+        self.state_shape,
         self.state_sharding,
     )
     state, meta = self.ckpt.restore(like)  # arrays restored straight into their shardings
@@ -303,7 +305,7 @@ class _Run:
         step,
         episodes,
         self.writer,
-        self.engines,
+        [spec.tag for spec in self.exp.envs],
         self.exp.trainer.sample_trajectories,
     )
     return metrics
