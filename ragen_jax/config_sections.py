@@ -83,23 +83,31 @@ def section(cls, exclude=(), where: str = "", **values) -> ml_collections.Config
   return out
 
 
-def env(name: str, **values) -> ml_collections.ConfigDict:
+def env(name: str = "", entry: str = "", **values) -> ml_collections.ConfigDict:
   """One `envs.<tag>` section: `train.experiment.EnvSpec`'s keys, the rollout's per-tag ones
-  (`ENV_DEFAULTS`), and `options` from the environment class (`options=dict(...)` overrides)."""
-  if name not in envs_lib.REGISTRY:
-    raise ValueError(f"unknown environment {name!r}; valid: {sorted(envs_lib.REGISTRY)}")
+  (`ENV_DEFAULTS`), and `options`: a registered environment's keyword options at their
+  defaults (`options=dict(...)` overrides), or for an `entry` just the options given."""
+  if bool(name) == bool(entry):
+    raise ValueError(f"an environment section names a registered name or an entry: {name!r}")
+  factory = envs_lib.registry.resolve(name, entry)
   out = section(
       exp_lib.EnvSpec,
       exclude=("options", "val_options", "per_tag", "tag"),
-      where=f"envs({name})",
+      where=f"envs({name or entry})",
       name=name,
+      entry=entry,
   )
-  out.options = section(envs_lib.REGISTRY[name], where=f"envs({name}).options")
+  if entry:
+    out.options = ml_collections.ConfigDict(values.pop("options", {}))
+  elif envs_lib.is_jax(factory):
+    out.options = section(factory, where=f"envs({name}).options")
+  else:
+    out.options = ml_collections.ConfigDict(envs_lib.registry.option_defaults(factory))
   out.val_options = ml_collections.ConfigDict()
   for field in dataclasses.fields(rollout_lib.RolloutConfig):
     if field.name in rollout_lib.RolloutConfig.PER_TAG:
       out[field.name] = _config_value(field)
-  _update(out, {**ENV_DEFAULTS.get(name, {}), **values}, f"envs({name})")
+  _update(out, {**ENV_DEFAULTS.get(name, {}), **values}, f"envs({name or entry})")
   return out
 
 
@@ -127,7 +135,10 @@ def experiment(
 def defaults_like(config) -> ml_collections.ConfigDict:
   """Every key's current default for a config with `config`'s environment tags (no CPU scale):
   what a stored config of an older run is overlaid on (train.restore)."""
-  envs = {tag: env(section_.get("name")) for tag, section_ in config.get("envs", {}).items()}
+  envs = {
+      tag: env(section_.get("name", ""), section_.get("entry", ""))
+      for tag, section_ in config.get("envs", {}).items()
+  }
   return experiment(None, envs=envs, cpu_scale=False)
 
 

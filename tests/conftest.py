@@ -36,7 +36,13 @@ jax.config.update(
 # The end-to-end files hold most of the suite's time. Collected first (with pytest-xdist's
 # `--dist loadfile` in pytest.ini), they start first on the two workers of the README's command
 # instead of last, when the other worker would have little left to run beside them.
-_LONG_FILES = ("multihost_test.py", "train_test.py", "sharding_test.py", "notebooks_test.py")
+_LONG_FILES = (
+    "multihost_test.py",
+    "train_test.py",
+    "train_text_envs_test.py",
+    "sharding_test.py",
+    "notebooks_test.py",
+)
 
 
 def pytest_collection_modifyitems(items):

@@ -68,7 +68,7 @@ def test_unknown_variant_is_named():
 @pytest.mark.parametrize(
     "key, value, message",
     [
-        ("envs.sokoban.name", "sokobn", "not an environment; valid"),
+        ("envs.sokoban.name", "sokobn", "Unknown environment .sokobn.; valid names"),
         ("envs.sokoban.render_format", "pixels", "render_format"),
         ("envs.sokoban.sft_batches", 0, "envs.sokoban.sft_batches must be an integer >= 1"),
         ("envs.sokoban.max_tokens_hint", 0, "envs.sokoban: .*max_tokens_hint must be an integer"),

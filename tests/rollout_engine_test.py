@@ -22,7 +22,7 @@ from ragen_jax import rollout
 from ragen_jax import sampling
 from ragen_jax import tokenizers
 from ragen_jax.envs import sokoban
-from ragen_jax.rollout import episodes as episodes_lib
+from ragen_jax.rollout import env_batch
 
 TOK = tokenizers.load("sentencepiece")
 
@@ -156,7 +156,7 @@ def scripted_run(monkeypatch, model, env, replies, config, seed):
 def test_scripted_sokoban_solution_and_junk(monkeypatch, model):
   # Batch shapes match the other tests (B = 4): a Sokoban reset compiles in ~15 s per shape.
   env = envs.make("sokoban")
-  reset, _ = episodes_lib.env_functions(env)
+  reset, _ = env_batch.env_functions(env)
   starts = jax.device_get(reset(jax.vmap(jax.random.key)(jnp.arange(100, 104))))
   plans = [sokoban.solve(jax.tree.map(lambda x: x[i], starts), 10) for i in range(4)]
   i = next(i for i, p in enumerate(plans) if p and 3 <= len(p) <= 6)
@@ -232,7 +232,7 @@ def test_scripted_budget_and_turn_scores(monkeypatch, model):
   config = small_config(max_turns=5, max_actions_per_traj=3, use_turn_scores=True)
   result = scripted_run(monkeypatch, model, env, [[reply] * 5] * 4, config, seed=3)
   m = result.metrics
-  reset, _ = episodes_lib.env_functions(env)
+  reset, _ = env_batch.env_functions(env)
   state = jax.tree.map(lambda x: x[0], reset(jax.vmap(jax.random.key)(jnp.array([3, 3, 4, 4]))))
   moves, turns = 0, 1
   for move in range(3):  # deterministic ice: replay Left until done or the budget is spent
@@ -251,7 +251,7 @@ def test_scripted_budget_and_turn_scores(monkeypatch, model):
 def test_scripted_bandit_uses_the_arm_names(monkeypatch, model):
   env = envs.make("bandit")
   config = small_config(max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1)
-  reset, _ = episodes_lib.env_functions(env)
+  reset, _ = env_batch.env_functions(env)
   names = env.action_names_for(
       jax.tree.map(
           lambda x: x[0], jax.device_get(reset(jax.vmap(jax.random.key)(jnp.array([9, 9, 10, 10]))))

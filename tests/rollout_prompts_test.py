@@ -113,9 +113,7 @@ def test_an_unknown_word_is_penalised(index, junk):
 
 def test_system_and_turn_prompts_are_ragens_text():
   env = envs.make("frozenlake")
-  system = prompts.system_prompt(
-      prompts.env_instruction(env, "grid"), env.grid_vocab, env.action_names, 10
-  )
+  system = prompts.system_prompt(env.instruction("grid"), env.grid_vocab, env.action_names, 10)
   assert system == (
       "You're a helpful assistant. You are solving the FrozenLake puzzle. Forbid the whole and "
       "go to the target. You may move to the unintended direction due to the slippery ice. "
@@ -132,6 +130,6 @@ def test_system_and_turn_prompts_are_ragens_text():
   )
   assert prompts.reward_prompt(-0.1 + 0.0) == "Reward:\n-0.1\n"
   assert prompts.reward_prompt(10.9) == "Reward:\n10.9\n"
-  coord = prompts.env_instruction(envs.make("sokoban", dim_room=(7, 8)), "grid_coord")
+  coord = envs.make("sokoban", dim_room=(7, 8)).instruction("grid_coord")
   assert "(6, 7)" in coord
-  assert prompts.env_instruction(envs.make("bandit"), "grid") == ""
+  assert envs.make("bandit").instruction("grid") == ""

@@ -8,7 +8,7 @@ else `hi_arm_loscore`. One step ends the episode; success means the high-risk ar
 
 import dataclasses
 import re
-from typing import Tuple
+from typing import List, Tuple
 
 from flax import struct
 import jax
@@ -121,6 +121,12 @@ class Bandit(base.Env):
     pair, hi_first = jax.device_get((state.pair, state.hi_first))
     lo, hi = self.pairs[int(pair)]
     return (hi, lo) if bool(hi_first) else (lo, hi)
+
+  def expert(self, state: BanditState) -> Tuple[List[int], str]:
+    """The high-risk arm: its expected payout (0.25 by default) beats the safe arm's 0.1."""
+    names = self.action_names_for(state)
+    hi = 0 if bool(state.hi_first) else 1
+    return [hi], f"{names[hi]} is the riskier arm with the higher expected reward."
 
   def render(self, state: BanditState, fmt: str = "grid") -> str:
     """The prompt before the pull; RAGEN's `<name>: <reward> points` after it."""

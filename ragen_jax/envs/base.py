@@ -17,7 +17,7 @@ other episodes continue). An out-of-range action is a no-op that costs no step a
 
 import abc
 import dataclasses
-from typing import Any, Dict, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
 from jax import lax
@@ -71,6 +71,17 @@ class Env(abc.ABC):
     """Symbol -> meaning, in RAGEN's legend order (empty for text-only environments)."""
     return {}
 
+  def instruction(self, render_format: str = "grid") -> str:
+    """RAGEN's system-prompt text for this environment and render format ("" for Bandit,
+    whose observation explains the task)."""
+    del render_format
+    return ""
+
+  def expert(self, state: Any) -> Tuple[Optional[List[int]], str]:
+    """(a good plan as action indices or None, a short reasoning text) for one unbatched
+    state: the scripted demonstrator of `ragen_jax.train.demos`. None: no expert."""
+    raise NotImplementedError(f"environment {self.name!r} has no expert")
+
 
 def flood_fill(seed_HxW: jax.Array, passable_HxW: jax.Array, steps: int) -> jax.Array:
   """Cells 4-connected to `seed` through `passable` cells, after `steps` growth steps.
@@ -101,6 +112,11 @@ def coord_block(shape: Tuple[int, int], entries: Sequence[Tuple[str, np.ndarray]
     if len(cells):
       lines.append(f"{label}: " + ", ".join(f"({r}, {c})" for r, c in cells))
   return "\n".join(lines)
+
+
+def cells_text(cells) -> str:
+  """Cells as "(r, c), (r, c)" (the experts' reasoning text)."""
+  return ", ".join(f"({int(r)}, {int(c)})" for r, c in cells)
 
 
 def grid_coord(coord: str, grid: str) -> str:

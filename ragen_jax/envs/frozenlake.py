@@ -9,8 +9,9 @@ perpendicular way with half the rest; a move into the border leaves the player i
 Reaching the goal pays 1 and ends the episode; a hole ends it with 0; `max_steps` bounds it.
 """
 
+import collections
 import dataclasses
-from typing import Dict
+from typing import Dict, List, Optional, Tuple
 
 from flax import struct
 import jax
@@ -34,6 +35,21 @@ _LEGEND = (
     ("√", "player on goal"),
 )
 _MAX_ROUNDS = 64
+
+# RAGEN's instructions (config/envs.yaml: FrozenLake, CoordFrozenLake), typos included.
+INSTRUCTION = (
+    "You are solving the FrozenLake puzzle. Forbid the whole and go to the target. You may move "
+    "to the unintended direction due to the slippery ice. Example answer format: <think>To forbid "
+    "the hole and go to the target, I should go left then go up.</think><answer>Left || "
+    "Up</answer>"
+)
+COORD_INSTRUCTION = (
+    "You are solving the FrozenLake puzzle. The observation includes both a symbol grid and "
+    "zero-indexed coordinates for the start, goal, player, and any holes.\nCoordinates range "
+    "from the top-left corner (0, 0) to the bottom-right corner {corner}.\nBeware that the ice "
+    "is slippery, so the agent might slide and end up in an unintended tile.\nRespond with a "
+    "sequence of actions such as <answer>Left || Up || Up</answer>.\n"
+)
 
 
 @struct.dataclass
@@ -72,6 +88,35 @@ class FrozenLake(base.Env):
   @property
   def grid_vocab(self) -> Dict[str, str]:
     return dict(_LEGEND)
+
+  def instruction(self, render_format: str = "grid") -> str:
+    if render_format == "grid":
+      return INSTRUCTION
+    return COORD_INSTRUCTION.format(corner=f"({self.size - 1}, {self.size - 1})")
+
+  def expert(self, state: FrozenLakeState) -> Tuple[Optional[List[int]], str]:
+    """The shortest hole-free path as action indices (breadth-first, ignoring slips), or None
+    when there is none; the reasoning names player and goal."""
+    tiles, player = np.asarray(state.tiles_SxS), tuple(int(x) for x in state.player_rc)
+    goal = tuple(int(x) for x in np.argwhere(tiles == GOAL)[0])
+    thought = f"Player {base.cells_text([player])}, goal {base.cells_text([goal])}."
+    parents = {player: None}
+    frontier = collections.deque([player])
+    while frontier:
+      cell = frontier.popleft()
+      if cell == goal:
+        plan = []
+        while parents[cell] is not None:
+          cell, action = parents[cell]
+          plan.append(action)
+        return plan[::-1], thought
+      for a, (dr, dc) in enumerate(_DELTAS.tolist()):
+        nxt = (cell[0] + dr, cell[1] + dc)
+        inside = 0 <= nxt[0] < self.size and 0 <= nxt[1] < self.size
+        if inside and nxt not in parents and tiles[nxt] != HOLE:
+          parents[nxt] = (cell, a)
+          frontier.append(nxt)
+    return None, thought
 
   # ---------------------------------------------------------------- device side
 

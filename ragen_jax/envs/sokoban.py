@@ -21,6 +21,25 @@ import numpy as np
 from ragen_jax.envs import base
 from ragen_jax.envs import sokoban_generator
 
+# RAGEN's instructions (config/envs.yaml: Sokoban, CoordSokoban). "{corner}" is the bottom-right
+# coordinate; RAGEN hard-codes "(5, 5)", which is wrong for boards other than 6x6.
+INSTRUCTION = (
+    "You are solving the Sokoban puzzle. \nYou are the player and you need to push all boxes to "
+    "targets. \nWhen you are right next to a box, you can push it by moving in the same "
+    "direction. \nYou cannot push a box through a wall, and you cannot pull a box. \nThe answer "
+    "should be a sequence of actions, like <answer>Right || Right || Up</answer>\n"
+)
+COORD_INSTRUCTION = (
+    "You are solving the Sokoban puzzle. You are the player and you need to push all boxes to "
+    "targets.\nYou are provided with a symbol grid and the zero-indexed coordinates of the "
+    "player, each box, and each target. \nCoordinates range from the top-left corner (0, 0) to "
+    "the bottom-right corner {corner}. \nWhen you are exactly next to a box, you can push it by "
+    "moving in the same direction. \nYou cannot push a box through a wall, and you cannot pull "
+    "a box.\nThe answer should be a sequence of actions, like "
+    "<answer>Right || Right || Up</answer>.\n"
+)
+_EXPERT_DEPTH = 30  # breadth-first search depth of the expert's plan
+
 # Row/column deltas for the action indices 0..3 = Up, Down, Left, Right.
 _DELTAS = np.array([[-1, 0], [1, 0], [0, -1], [0, 1]], np.int32)
 # Cell codes of `fixed_HxW`.
@@ -92,6 +111,25 @@ class Sokoban(base.Env):
   @property
   def grid_vocab(self) -> Dict[str, str]:
     return dict(_LEGEND)
+
+  def instruction(self, render_format: str = "grid") -> str:
+    if render_format == "grid":
+      return INSTRUCTION
+    h, w = self.dim_room
+    return COORD_INSTRUCTION.format(corner=f"({h - 1}, {w - 1})")
+
+  def expert(self, state: SokobanState) -> Tuple[Optional[List[int]], str]:
+    """The first moves of an optimal plan (breadth-first `solve`), or None when the level
+    cannot be solved any more; the reasoning names player, boxes and targets."""
+    fixed, boxes, player = (
+        np.asarray(x) for x in (state.fixed_HxW, state.boxes_HxW, state.player_rc)
+    )
+    targets = np.argwhere(fixed == TARGET)
+    thought = (
+        f"Player {base.cells_text([player])}, box {base.cells_text(np.argwhere(boxes))}, "
+        f"target {base.cells_text(targets)}."
+    )
+    return solve(state, _EXPERT_DEPTH), thought
 
   # ---------------------------------------------------------------- device side
 

@@ -12,3 +12,4 @@ from ragen_jax.rollout.engine import Rollout
 from ragen_jax.rollout.episodes import Episode
 from ragen_jax.rollout.episodes import RolloutConfig
 from ragen_jax.rollout.episodes import RolloutResult
+from ragen_jax.rollout.episodes import Turn

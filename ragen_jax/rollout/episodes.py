@@ -1,17 +1,15 @@
-"""What a rollout is made of: its knobs, the host record of an episode, the result, and the
-jitted batch step of the environments (ragen_jax.rollout.engine plays them).
+"""What a rollout is made of: its knobs, the typed host records of episodes and their turns,
+and the result derived from them once (ragen_jax.rollout.engine plays them).
 
-Dimension legend: B episodes, A max actions per turn.
+Dimension legend: B episodes.
 """
 
 import dataclasses
-import functools
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Tuple
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
+from ragen_jax import sampling
 from ragen_jax.batch import RolloutBatch
 
 
@@ -43,7 +41,7 @@ class RolloutConfig:
   render_format: str = "grid"  # grid | coord | grid_coord
   max_tokens_hint: int = 100  # the prompt's "Max response length: N words (tokens)."
   use_turn_scores: bool = False  # also put each turn's reward on its last token
-  instruction: str | None = None  # None: RAGEN's instruction for the env
+  instruction: str | None = None  # None: the environment's own (RAGEN's for the built-in ones)
   val_group_size: int = 1  # validation episodes per group (pass@k, k = this)
   val_temperature: float = 0.5  # RAGEN's evaluation temperature
   val_batch_groups: int = 64  # validation groups played per batch (memory bound)
@@ -83,35 +81,94 @@ class RolloutConfig:
 
 
 @dataclasses.dataclass
-class Episode:
-  """Host record of one episode."""
+class Turn:
+  """One turn of an episode: the tokens the cache saw, and what came of the reply."""
 
-  tokens: List[int]
-  loss: List[int]
-  logprobs: List[float]
-  rewards: List[float]
+  context: List[int]  # appended before the reply: prompt, or closing + reward + user text
+  reply: List[int] = dataclasses.field(default_factory=list)  # sampled tokens
+  logprobs: List[float] = dataclasses.field(default_factory=list)  # of the sampled tokens
+  actions: Tuple[str, ...] = ()  # what went to the environment
+  penalised: bool = False  # format penalty: missing tag, unknown action or no action
+  env_reward: float = 0.0  # sum of the executed actions' rewards
+  penalty: float = 0.0  # format penalty
+  shaping: float = 0.0  # unchanged-turn penalty (RolloutConfig.unchanged_penalty)
+  executed: int = 0
+  effective: int = 0
+  env_valid: bool = True  # the environment accepted every action (info action_is_valid)
+  unchanged: bool = False  # the observation after the turn reads as before it
+
+  @property
+  def reward(self) -> float:
+    return self.env_reward + self.penalty + self.shaping
+
+  @property
+  def valid(self) -> bool:
+    return not self.penalised and self.env_valid
+
+
+@dataclasses.dataclass
+class Episode:
+  """Host record of one episode: its conversation and its typed turns."""
+
+  seed: int  # the level seed (shared by the episode's group)
   messages: List[Dict[str, str]]
-  action_names: tuple
+  action_names: Optional[Tuple[str, ...]]  # None: free-text answers
   actions_left: int
-  turns: int = 0
+  max_actions_per_turn: int
+  observation: str = ""  # the state text the next user turn shows
+  turns: List[Turn] = dataclasses.field(default_factory=list)
+  pending: str = ""  # the reward text that opens the next user message
   done: bool = False
   success: bool = False
-  env_return: float = 0.0
-  penalty: float = 0.0  # format penalties
-  shaping: float = 0.0  # unchanged-turn penalties (RolloutConfig.unchanged_penalty)
-  num_actions: int = 0
-  num_effective: int = 0
-  unchanged_turns: int = 0  # turns after which the rendered state equals the one before
-  valid_turns: int = 0
   context_truncated: bool = False
-  last_reply_end: int = -1  # index in tokens of the last sampled token
-  reply_starts: List[int] = dataclasses.field(default_factory=list)  # first sampled token per turn
-  turn_rewards: List[float] = dataclasses.field(default_factory=list)  # env reward + penalties
+  env_error: str = ""  # the environment's fault that ended the episode ("" if none)
+
+  def tokens(self) -> List[int]:
+    return [t for turn in self.turns for t in turn.context + turn.reply]
+
+  @property
+  def last_token(self) -> int:
+    """The last token the cache holds for this episode (normally the last sampled one)."""
+    for turn in reversed(self.turns):
+      if turn.reply or turn.context:
+        return (turn.context + turn.reply)[-1]
+    raise ValueError("an episode without tokens has no last token")
+
+  @property
+  def env_return(self) -> float:
+    return sum(t.env_reward for t in self.turns)
+
+  @property
+  def penalty(self) -> float:
+    return sum(t.penalty for t in self.turns)
 
   @property
   def score(self) -> float:
     """The episode's training return: env rewards plus format and unchanged-turn penalties."""
-    return self.env_return + self.penalty + self.shaping
+    return self.env_return + self.penalty + sum(t.shaping for t in self.turns)
+
+  def arrays(self, use_turn_scores: bool) -> Dict[str, list]:
+    """Token-aligned training lists: tokens, loss mask (1 on sampled tokens), log-probs and
+    rewards (each turn's on its last token, or the score on the episode's last token)."""
+    tokens, loss, logprobs, rewards = [], [], [], []
+    for turn in self.turns:
+      tokens += turn.context + turn.reply
+      loss += [0] * len(turn.context) + [1] * len(turn.reply)
+      logprobs += [0.0] * len(turn.context) + list(turn.logprobs)
+      rewards += [0.0] * (len(turn.context) + len(turn.reply))
+      if use_turn_scores:
+        rewards[-1] += turn.reward
+    if not use_turn_scores and tokens:
+      rewards[-1] += self.score
+    return dict(tokens=tokens, loss=loss, logprobs=logprobs, rewards=rewards)
+
+  def reply_starts(self) -> List[int]:
+    """Index of each turn's first sampled token in `tokens()`."""
+    starts, length = [], 0
+    for turn in self.turns:
+      starts.append(length + len(turn.context))
+      length += len(turn.context) + len(turn.reply)
+    return starts
 
 
 @dataclasses.dataclass
@@ -122,43 +179,84 @@ class RolloutResult:
   episodes: List[Dict[str, Any]]  # messages, success, reward, turns (for JSON logs)
 
 
-def step_batch(env, states, actions_BxA, key, offset=0, total=None):
-  """Plays each episode's actions in order until done; -1 slots are skipped.
-
-  The rows are episodes offset .. offset + b - 1 of a batch of `total` (default b): their keys
-  are those rows of the whole batch's keys, whichever process steps them.
-  """
-  b, a = actions_BxA.shape
-  total = b if total is None else total
-  keys_BxA = jax.random.split(key, total * a).reshape(total, a)[offset : offset + b]
-
-  def one(state, actions_A, keys_A):
-    def body(carry, x):
-      state, reward, n_exec, n_eff, success = carry
-      action, k = x
-      take = (action >= 0) & ~state.done
-      new, r, _, info = env.step(k, state, jnp.maximum(action, 0))
-      state = jax.tree.map(lambda n, o: jnp.where(take, n, o), new, state)
-      return (
-          state,
-          reward + jnp.where(take, r, 0.0),
-          n_exec + take,
-          n_eff + (take & info["action_is_effective"]),
-          success | (take & info["success"]),
-      ), None
-
-    zero = jnp.zeros((), jnp.int32)
-    carry, _ = jax.lax.scan(
-        body, (state, jnp.float32(0.0), zero, zero, jnp.bool_(False)), (actions_A, keys_A)
-    )
-    return carry
-
-  return jax.vmap(one)(states, actions_BxA, keys_BxA)
-
-
-@functools.lru_cache(maxsize=None)
-def env_functions(env):
-  """Jitted (reset over keys, step over the batch), shared by every Rollout of `env`."""
-  return jax.jit(env.reset_batch), jax.jit(
-      functools.partial(step_batch, env), static_argnames=("offset", "total")
+def to_result(eps: List[Episode], c: RolloutConfig, pad_id: int, stats: Dict[str, int]):
+  """The RolloutResult of a batch's episodes: the training batch, metrics and JSON records."""
+  b = len(eps)
+  group_ids = np.repeat(np.arange(c.env_groups, dtype=np.int32), c.group_size)
+  scores = np.array([ep.score for ep in eps], np.float32)
+  failed = np.array([bool(ep.env_error) for ep in eps])
+  # A failed episode trains nothing and moves no group statistic: its group's mean score.
+  for g in np.unique(group_ids[failed]):
+    healthy = (group_ids == g) & ~failed
+    scores[(group_ids == g) & failed] = scores[healthy].mean() if healthy.any() else 0.0
+  lists = [ep.arrays(c.use_turn_scores) for ep in eps]
+  width = sampling.bucket(max(max(len(r["tokens"]) for r in lists), 1))
+  arrays = {
+      "tokens": np.full((b, width), pad_id, np.int32),
+      "mask": np.zeros((b, width), np.int32),
+      "loss": np.zeros((b, width), np.int32),
+      "logprobs": np.zeros((b, width), np.float32),
+      "rewards": np.zeros((b, width), np.float32),
+  }
+  for i, r in enumerate(lists):
+    n = len(r["tokens"])
+    if failed[i]:  # no training signal; one attended token keeps attention well defined
+      arrays["mask"][i, width - max(n, 1) :] = 1
+      arrays["tokens"][i, width - n :] = r["tokens"]
+      continue
+    for name in ("tokens", "loss", "logprobs", "rewards"):
+      arrays[name][i, width - n :] = r[name]
+    arrays["mask"][i, width - n :] = 1
+  metrics = episode_metrics(eps)
+  # A host (numpy) batch: the trainer joins the tags' batches and places the result once.
+  batch = RolloutBatch(
+      tokens_BxT=arrays["tokens"],
+      attention_mask_BxT=arrays["mask"],
+      loss_mask_BxT=arrays["loss"],
+      logprobs_BxT=arrays["logprobs"],
+      token_rewards_BxT=arrays["rewards"],
+      group_ids_B=group_ids,
+      scores_B=scores,
   )
+  summary = {name: float(np.mean(v)) for name, v in metrics.items()}
+  group_success = metrics["success"].reshape(c.env_groups, c.group_size).max(axis=1)
+  summary[f"pass@{c.group_size}"] = float(np.mean(group_success))
+  summary.update({k: float(v) for k, v in stats.items()})
+  episodes = [
+      dict(
+          messages=ep.messages,
+          success=bool(ep.success),
+          reward=float(ep.score),
+          turns=len(ep.turns),
+          group_id=int(group_ids[i]),
+          context_truncated=ep.context_truncated,
+          turn_rewards=[round(t.reward, 6) for t in ep.turns],
+          reply_starts=ep.reply_starts(),
+          **({"env_error": ep.env_error} if ep.env_error else {}),
+      )
+      for i, ep in enumerate(eps)
+  ]
+  return RolloutResult(batch, metrics, summary, episodes)
+
+
+def episode_metrics(eps: List[Episode]) -> Dict[str, np.ndarray]:
+  """Per-episode metrics, [B] each (RAGEN's names; their meaning: rollout.engine's doc)."""
+
+  def per(fn, dtype=np.float32):
+    return np.array([fn(ep) for ep in eps], dtype)
+
+  return {
+      "success": per(lambda ep: ep.success),
+      "num_actions": per(lambda ep: sum(t.executed for t in ep.turns)),
+      "action_is_valid": per(lambda ep: sum(t.valid for t in ep.turns) / max(len(ep.turns), 1)),
+      "action_is_effective": per(
+          lambda ep: sum(t.effective for t in ep.turns) / max(sum(t.executed for t in ep.turns), 1)
+      ),
+      "turn_unchanged": per(lambda ep: sum(t.unchanged for t in ep.turns) / max(len(ep.turns), 1)),
+      "format_penalty": per(lambda ep: ep.penalty),
+      "num_turns": per(lambda ep: len(ep.turns)),
+      "response_length": per(lambda ep: sum(len(t.reply) for t in ep.turns)),
+      "context_truncated": per(lambda ep: ep.context_truncated),
+      "env_error": per(lambda ep: bool(ep.env_error)),
+      "return": per(lambda ep: ep.score),
+  }

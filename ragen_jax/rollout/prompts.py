@@ -1,5 +1,8 @@
 """RAGEN's prompt text and response parsing (host side, one episode at a time).
 
+Each environment owns its own text (instruction, legend, action names: `Env.instruction`,
+`Env.grid_vocab`, a TextEnv's attributes); this module frames it the same way for all.
+
 Conversation of one episode (Qwen ChatML, as RAGEN's ctx_manager builds it):
 
   system:    "You're a helpful assistant. " + instruction + symbol legend + action names + budget
@@ -16,70 +19,29 @@ Nothing here raises on model output: junk simply parses to no actions.
 
 import dataclasses
 import re
-from typing import Dict, Sequence, Tuple
-
-# RAGEN's env_instruction texts (config/envs.yaml). "{corner}" is the bottom-right coordinate;
-# RAGEN hard-codes "(5, 5)", which is wrong for boards other than 6x6.
-_SOKOBAN = (
-    "You are solving the Sokoban puzzle. \nYou are the player and you need to push all boxes to "
-    "targets. \nWhen you are right next to a box, you can push it by moving in the same "
-    "direction. \nYou cannot push a box through a wall, and you cannot pull a box. \nThe answer "
-    "should be a sequence of actions, like <answer>Right || Right || Up</answer>\n"
-)
-_COORD_SOKOBAN = (
-    "You are solving the Sokoban puzzle. You are the player and you need to push all boxes to "
-    "targets.\nYou are provided with a symbol grid and the zero-indexed coordinates of the "
-    "player, each box, and each target. \nCoordinates range from the top-left corner (0, 0) to "
-    "the bottom-right corner {corner}. \nWhen you are exactly next to a box, you can push it by "
-    "moving in the same direction. \nYou cannot push a box through a wall, and you cannot pull "
-    "a box.\nThe answer should be a sequence of actions, like "
-    "<answer>Right || Right || Up</answer>.\n"
-)
-_FROZENLAKE = (
-    "You are solving the FrozenLake puzzle. Forbid the whole and go to the target. You may move "
-    "to the unintended direction due to the slippery ice. Example answer format: <think>To forbid "
-    "the hole and go to the target, I should go left then go up.</think><answer>Left || "
-    "Up</answer>"
-)
-_COORD_FROZENLAKE = (
-    "You are solving the FrozenLake puzzle. The observation includes both a symbol grid and "
-    "zero-indexed coordinates for the start, goal, player, and any holes.\nCoordinates range "
-    "from the top-left corner (0, 0) to the bottom-right corner {corner}.\nBeware that the ice "
-    "is slippery, so the agent might slide and end up in an unintended tile.\nRespond with a "
-    "sequence of actions such as <answer>Left || Up || Up</answer>.\n"
-)
+from typing import Dict, Optional, Sequence, Tuple
 
 SPECIAL_TOKENS = ("<think>", "</think>", "<answer>", "</answer>", "<|im_start|>", "<|im_end|>")
 _THINK_ANSWER = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
-def env_instruction(env, render_format: str) -> str:
-  """RAGEN's instruction for `env` (the Coord* tags' text when coordinates are rendered)."""
-  coord = render_format != "grid"
-  if env.name == "sokoban":
-    h, w = env.dim_room
-    return _COORD_SOKOBAN.format(corner=f"({h - 1}, {w - 1})") if coord else _SOKOBAN
-  if env.name == "frozenlake":
-    s = env.size
-    return _COORD_FROZENLAKE.format(corner=f"({s - 1}, {s - 1})") if coord else _FROZENLAKE
-  return ""  # Bandit: the observation itself explains the task.
-
-
 def system_prompt(
     instruction: str,
     grid_vocab: Dict[str, str],
-    action_names: Sequence[str],
+    action_names: Optional[Sequence[str]],
     max_actions_per_traj: int,
     action_sep: str = "||",
 ) -> str:
-  """System message: instruction, symbol legend, action names and the action budget."""
+  """System message: instruction, symbol legend, action names (none for free-text answers) and
+  the action budget."""
   text = "You're a helpful assistant. " + instruction
   if grid_vocab:
     text += "\nThe meaning of each symbol in the state is:\n" + ", ".join(
         f"{k}: {v}" for k, v in grid_vocab.items()
     )
-  text += "\nYour available actions are:\n" + ", ".join(action_names)
+  if action_names is not None:
+    text += "\nYour available actions are:\n" + ", ".join(action_names)
   text += (
       f"\nYou can make up to {max_actions_per_traj} actions, separated by the action "
       f'separator " {action_sep} "\n'

@@ -25,6 +25,7 @@ from ragen_jax import rollout as rollout_lib
 from ragen_jax.diagnostics import CollapseConfig
 from ragen_jax.envs import base as env_base
 from ragen_jax.sharding import MeshSpec
+from ragen_jax.train import demos
 from ragen_jax.train.early_stop import EarlyStopConfig
 from ragen_jax.train.sft import SFTConfig
 
@@ -51,19 +52,38 @@ class EnvSpec:
   """
 
   name: str  # ragen_jax.envs registry name
-  options: Tuple[Tuple[str, Any], ...] = ()  # keyword arguments of envs.make
+  entry: str = ""  # "package.module:Name" or the http:// URL of a served text environment;
+  # replaces `name` (no registration needed)
+  options: Tuple[Tuple[str, Any], ...] = ()  # keyword arguments of the environment
   val_options: Tuple[Tuple[str, Any], ...] = ()  # overrides of `options` for validation
   train_groups: int = 8  # env groups of this tag per training step
   val_groups: int = 64  # validation groups (group g plays the level of seed.val + g)
   sft_batches: int = 1  # demonstration batches of this tag per round of the SFT mix
+  pool: str = "thread"  # text environments: step in threads, or "process" (CPU-bound ones)
+  workers: int = 0  # processes of the "process" pool (0: one per CPU core)
+  step_timeout_s: float = 60.0  # a text environment's reset or turn that takes longer fails
+  max_env_errors: float = 0.25  # stop the run when a larger share of a rollout's episodes
+  # end in an environment fault (env_error), before training on them
   per_tag: Tuple[Tuple[str, Any], ...] = ()  # RolloutConfig.PER_TAG values of this tag
   tag: str = ""  # the section's name in config.envs (set by from_config)
 
   def make(self, validation: bool = False):
+    """The environment: a pure-JAX `envs.Env`, or an `envs.HostEnv` for a text environment."""
     options = dict(self.options)
     if validation:
       options.update(self.val_options)
-    return envs.make(self.name, **options)
+    return envs.make(
+        self.name,
+        entry=self.entry,
+        pool=self.pool,
+        workers=self.workers or None,
+        step_timeout_s=self.step_timeout_s,
+        **options,
+    )
+
+  @property
+  def label(self) -> str:
+    return self.entry or self.name
 
   def rollout_config(
       self, rollout: rollout_lib.RolloutConfig, validation: bool
@@ -125,7 +145,7 @@ SECTIONS = {
     "mesh": (MeshSpec, ()),
     "seed": (SeedSpec, ()),
 }
-ENV_KEYS = ("name", "options", "val_options", "train_groups", "val_groups", "sft_batches")
+ENV_KEYS = tuple(f.name for f in dataclasses.fields(EnvSpec) if f.name not in ("per_tag", "tag"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,10 +190,6 @@ def _hashable(d) -> Tuple[Tuple[str, Any], ...]:
 def _env_spec(tag: str, section) -> EnvSpec:
   where = f"envs.{tag}"
   values = _values(section, where, ENV_KEYS + rollout_lib.RolloutConfig.PER_TAG)
-  if values["name"] not in envs.REGISTRY:
-    _fail(
-        f"{where}.name {values['name']!r} is not an environment; valid: " f"{sorted(envs.REGISTRY)}"
-    )
   if values["render_format"] not in env_base.RENDER_FORMATS:
     _fail(f"{where}.render_format {values['render_format']!r} not in " f"{env_base.RENDER_FORMATS}")
   per_tag = tuple((k, values.pop(k)) for k in rollout_lib.RolloutConfig.PER_TAG)
@@ -187,6 +203,9 @@ def _env_spec(tag: str, section) -> EnvSpec:
       tag=tag,
   )
   _positive(where, spec, ("train_groups", "val_groups", "sft_batches"))
+  _positive(where, spec, ("workers",), minimum=0)
+  if not 0.0 <= spec.max_env_errors <= 1.0:
+    _fail(f"{where}.max_env_errors must lie in [0, 1], got {spec.max_env_errors}")
   try:
     spec.make()
     spec.make(validation=True)
@@ -247,6 +266,12 @@ def from_config(config) -> Experiment:
     exp.ppo.check_batch(exp.train_episodes)
   except ValueError as e:
     _fail(f"{e} (training episodes per step = sum of envs.*.train_groups x rollout.group_size)")
+  no_expert = [e.tag for e in exp.envs if not demos.has_expert(e.make())]
+  if exp.sft.steps and no_expert:
+    _fail(
+        f"sft.steps > 0 plays scripted experts, and envs {no_expert} have none "
+        "(text environments do not demonstrate); use sft.steps=0"
+    )
   if exp.sft.steps and exp.model.checkpoint is not None:
     _fail(
         "sft.steps > 0 fine-tunes the tiny from-scratch model; with model.checkpoint set "

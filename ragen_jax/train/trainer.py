@@ -21,7 +21,9 @@ Workdir: `checkpoints/<step>/` (orbax: actor, critic, optimizer states, step, ba
 meta with the config, seed counters, stopping-rule streaks and the MI z-score EMA), TensorBoard
 events, `eval/step_<s>.jsonl` trajectories and their pages `viewer/step_<s>.html`
 (ragen_jax.viewer). Running again resumes from the latest checkpoint. A non-finite loss stops
-the run (nothing is saved); Ctrl-C finishes the current step, saves and exits.
+the run (nothing is saved), and so does a rollout in which more episodes than
+`envs.<tag>.max_env_errors` ended in an environment fault (before training on them); Ctrl-C
+finishes the current step, saves and exits.
 
 Multi-process runs (ragen_jax.distributed) execute this same loop on every process: each plays
 its share of every rollout, after which every process holds the same episodes, metrics and
@@ -59,6 +61,11 @@ from ragen_jax.train import validation
 
 class NonFiniteLossError(RuntimeError):
   """A train step produced a NaN or infinite loss; the run stops without saving."""
+
+
+class EnvironmentFailure(RuntimeError):
+  """More of a rollout's episodes than `envs.<tag>.max_env_errors` ended in an environment
+  fault; the run stops before training on them."""
 
 
 _LOSS_KEYS = ("actor/pg_loss", "critic/vf_loss", "actor/kl_loss", "actor/entropy")
@@ -165,9 +172,13 @@ def train(config, workdir: str, stop_after: Optional[int] = None) -> Dict[str, A
   ckpt = checkpoints.Checkpointer(
       os.path.join(workdir, "checkpoints"), keep=exp.trainer.keep_checkpoints
   )
+  run = None
   try:
-    return _Run(exp, config, workdir, writer, ckpt).loop(stop_after)
+    run = _Run(exp, config, workdir, writer, ckpt)
+    return run.loop(stop_after)
   finally:
+    if run is not None:
+      run.close()
     writer.close()
     ckpt.close()
 
@@ -213,6 +224,11 @@ class _Run:
     )
     self.host = run_state.HostState.new(exp)
 
+  def close(self):
+    """Ends the text environments' pools (threads, worker processes)."""
+    for engine in (*self.engines.values(), *self.val_engines.values()):
+      engine.close()
+
   # ------------------------------------------------------------------ state
 
   def _fresh_state(self) -> run_state.RunState:
@@ -250,10 +266,27 @@ class _Run:
 
   def _collect(self, policy, step_key, step: int) -> Dict[str, rollout_lib.RolloutResult]:
     seeds = keys.level_seeds_of_step(self.exp, step)
-    return {
+    results = {
         tag: engine.run(policy, keys.rollout(step_key, i), seeds[tag])
         for i, (tag, engine) in enumerate(self.engines.items())
     }
+    self._check_env_errors(
+        {tag: (r.summary["env_error"], r.episodes) for tag, r in results.items()}, step
+    )
+    return results
+
+  def _check_env_errors(self, shares, step: int) -> None:
+    """Stops the run when a tag's share of failed episodes exceeds its `max_env_errors`."""
+    for spec in self.exp.envs:
+      share, episodes = shares[spec.tag]
+      if share > spec.max_env_errors:
+        first = next((ep["env_error"] for ep in episodes if "env_error" in ep), "")
+        raise EnvironmentFailure(
+            f"step {step}: {share:.0%} of the episodes of envs.{spec.tag} ({spec.label}) ended "
+            f"in an environment fault, more than envs.{spec.tag}.max_env_errors="
+            f"{spec.max_env_errors:g}; nothing was trained on them. First fault: {first}. "
+            f"The last checkpoint is step {self.ckpt.latest_step()} in {self.ckpt.directory}."
+        )
 
   def _diagnose(self, policy, results, step: int) -> Dict[str, float]:
     """Reasoning metrics every step; RAGEN-2's MI family when due (on the unfiltered batch,
@@ -300,6 +333,16 @@ class _Run:
     tic = time.perf_counter()
     metrics, episodes = validation.run(self.exp, self.val_engines, self._policy(state))
     metrics["timing_s/testing"] = time.perf_counter() - tic
+    self._check_env_errors(
+        {
+            spec.tag: (
+                metrics[f"val/{spec.tag}/env_error"],
+                [ep for ep in episodes if ep["env"] == spec.tag],
+            )
+            for spec in self.exp.envs
+        },
+        step,
+    )
     validation.write_outputs(
         self.workdir,
         step,

@@ -1,0 +1,1 @@
+"""Example environments (importable as `examples.<module>:<Name>` from the repository root)."""

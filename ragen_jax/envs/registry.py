@@ -1,0 +1,163 @@
+"""Environments by name or import path: pure-JAX ones, registered text environments, HTTP.
+
+    envs.register("guess", my_pkg.GuessNumber)          # a TextEnv class or factory function
+    envs.make("guess", low=1, high=100)                  # -> HostEnv (one instance per episode)
+    envs.make("", entry="my_pkg.my_env:MyEnv")           # an import path, no registration
+    envs.make("", entry="http://127.0.0.1:8000")         # served by `python -m ragen_jax.envs.serve`
+    envs.make("sokoban", dim_room=(6, 6))                # -> the pure-JAX Sokoban (jitted, vmapped)
+
+A name that is not registered, an import that fails, or options the factory does not take
+raise a ValueError naming what failed, before anything compiles.
+"""
+
+import dataclasses
+import functools
+import importlib
+import inspect
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from ragen_jax.envs import base
+from ragen_jax.envs.bandit import Bandit
+from ragen_jax.envs.frozenlake import FrozenLake
+from ragen_jax.envs.sokoban import Sokoban
+
+POOL_MODES = ("thread", "process")
+
+# name -> a pure-JAX `base.Env` dataclass, or a factory of text environments (envs.text).
+REGISTRY: Dict[str, Callable[..., Any]] = {
+    "sokoban": Sokoban,
+    "frozenlake": FrozenLake,
+    "bandit": Bandit,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class HostEnv:
+  """A text environment of one tag, stepped on the host: `new()` builds one episode's instance.
+
+  `pool`, `workers` and `step_timeout_s` say how the rollout steps the instances
+  (ragen_jax.envs.host_pool).
+  """
+
+  name: str
+  factory: Callable[..., Any]
+  options: Tuple[Tuple[str, Any], ...] = ()
+  pool: str = "thread"
+  workers: Optional[int] = None
+  step_timeout_s: float = 60.0
+
+  def __post_init__(self):
+    if self.pool not in POOL_MODES:
+      raise ValueError(f"environment pool {self.pool!r} is not one of {POOL_MODES}")
+    if not self.step_timeout_s > 0:
+      raise ValueError(f"step_timeout_s must be > 0, got {self.step_timeout_s}")
+
+  def bound(self) -> Callable[[], Any]:
+    """The zero-argument factory of one instance (picklable when `factory` is)."""
+    return functools.partial(self.factory, **dict(self.options))
+
+  def new(self):
+    return self.bound()()
+
+
+def is_jax(factory) -> bool:
+  """Whether `factory` is a pure-JAX environment class (stepped on device, vmapped)."""
+  return isinstance(factory, type) and issubclass(factory, base.Env)
+
+
+def register(name: str, factory: Callable[..., Any], overwrite: bool = False) -> None:
+  """Makes `factory` (a TextEnv class, a function returning one, or a `base.Env` dataclass)
+  available as `envs.make(name, **options)` and as `envs.<tag>.name` in configs."""
+  if not isinstance(name, str) or not name or ":" in name or "/" in name:
+    raise ValueError(f"an environment name is a plain non-empty string, got {name!r}")
+  if not callable(factory):
+    raise ValueError(f"the factory of environment {name!r} is not callable: {factory!r}")
+  if name in REGISTRY and REGISTRY[name] is not factory and not overwrite:
+    raise ValueError(f"environment {name!r} is already registered; pass overwrite=True")
+  REGISTRY[name] = factory
+
+
+def load_entry(entry: str) -> Callable[..., Any]:
+  """The factory an entry names: "package.module:Name" or an http(s) URL of a served env."""
+  if entry.startswith(("http://", "https://")):
+    from ragen_jax.envs import http_env  # pylint: disable=import-outside-toplevel
+
+    return functools.partial(http_env.HttpEnv, entry)
+  module_name, sep, attr = entry.partition(":")
+  if not sep or not module_name or not attr:
+    raise ValueError(
+        f"environment entry {entry!r} must be 'package.module:Name' or an http(s):// URL"
+    )
+  try:
+    module = importlib.import_module(module_name)
+  except Exception as e:  # any import-time error is the entry's fault; say which
+    raise ValueError(f"environment entry {entry!r}: importing {module_name!r} failed: {e!r}") from e
+  factory = module
+  for part in attr.split("."):
+    if not hasattr(factory, part):
+      raise ValueError(f"environment entry {entry!r}: {module_name!r} has no attribute {attr!r}")
+    factory = getattr(factory, part)
+  if not callable(factory):
+    raise ValueError(f"environment entry {entry!r} is not callable")
+  return factory
+
+
+def resolve(name: str, entry: str = "") -> Callable[..., Any]:
+  """The factory of `entry` when given, else of the registered `name`."""
+  if entry:
+    return load_entry(entry)
+  if name not in REGISTRY:
+    raise ValueError(
+        f"Unknown environment {name!r}; valid names: {sorted(REGISTRY)} (or set an entry: "
+        "'package.module:Name' or an http:// URL)."
+    )
+  return REGISTRY[name]
+
+
+def option_defaults(factory: Callable[..., Any]) -> Dict[str, Any]:
+  """The keyword options of `factory` with their defaults: a JAX environment's dataclass
+  fields, or a text environment's keyword parameters that have defaults."""
+  if is_jax(factory):
+    return {
+        f.name: f.default
+        for f in dataclasses.fields(factory)
+        if f.init and f.default is not dataclasses.MISSING
+    }
+  try:
+    params = inspect.signature(factory).parameters.values()
+  except (TypeError, ValueError):  # a builtin without a signature: no known options
+    return {}
+  kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+  return {p.name: p.default for p in params if p.kind in kinds and p.default is not p.empty}
+
+
+def check_options(factory: Callable[..., Any], options: Dict[str, Any], label: str) -> None:
+  """Raises a ValueError when `factory` cannot be called with `options` as keywords."""
+  if is_jax(factory):
+    base.check_options(factory, options)
+    return
+  try:
+    signature = inspect.signature(factory)
+  except (TypeError, ValueError):
+    return  # nothing to check against; a bad option then fails at the first reset
+  try:
+    signature.bind(**options)
+  except TypeError as e:
+    raise ValueError(f"environment {label!r} does not take options {sorted(options)}: {e}") from e
+
+
+def make(
+    name: str,
+    entry: str = "",
+    pool: str = "thread",
+    workers: Optional[int] = None,
+    step_timeout_s: float = 60.0,
+    **options: Any,
+):
+  """A pure-JAX environment instance, or a `HostEnv` for a text environment (see module doc)."""
+  factory = resolve(name, entry)
+  label = entry or name
+  check_options(factory, options, label)
+  if is_jax(factory):
+    return factory(**options)
+  return HostEnv(label, factory, tuple(sorted(options.items())), pool, workers, step_timeout_s)
