@@ -34,14 +34,20 @@ CPU_SCALE = {
     "diagnostics": dict(multi_turn_samples=32),
 }
 
-# RAGEN's per-environment settings (its custom_envs entries CoordSokoban, CoordFrozenLake and
-# Bandit); each environment's options are its dataclass's fields and defaults.
+# RAGEN's per-environment settings (its custom_envs entries CoordSokoban, CoordFrozenLake,
+# Bandit, Countdown, MetaMathQA, Sudoku); each environment's options are its dataclass's fields
+# (a text environment: its keyword parameters) and defaults.
 ENV_DEFAULTS = {
     "sokoban": dict(render_format="grid_coord", max_actions_per_traj=10, max_tokens_hint=120),
     "frozenlake": dict(render_format="grid_coord", max_actions_per_traj=10, max_tokens_hint=100),
     # Validation keeps the training names: a model trained from scratch knows nothing of unseen
     # names (RAGEN validates on BanditTest).
     "bandit": dict(render_format="grid", max_actions_per_traj=1, max_tokens_hint=100),
+    # Text environments (render_format is unused): one expression; three answers; a 4x4 board's
+    # placements with room for mistakes.
+    "countdown": dict(max_actions_per_traj=1, max_tokens_hint=100),
+    "math": dict(max_actions_per_traj=3, max_tokens_hint=100),
+    "sudoku": dict(max_actions_per_traj=20, max_tokens_hint=100),
 }
 
 
@@ -264,7 +270,12 @@ def _smoke_variant(config) -> None:
     env_section.train_groups = 2
     env_section.val_groups = 4
   config.rollout.group_size = 2
-  config.rollout.max_new_tokens = 24
+  # Text environments' answers (an expression, a placement) and their experts' demonstrations
+  # need longer replies than a grid move.
+  text = any(
+      not envs_lib.is_jax(envs_lib.registry.resolve(e.name, e.entry)) for e in config.envs.values()
+  )
+  config.rollout.max_new_tokens = min(config.rollout.max_new_tokens, 64 if text else 24)
   config.rollout.max_context = 768
   config.rollout.max_turn_tokens = 256
   config.rollout.max_turns = min(config.rollout.max_turns, 2)

@@ -418,3 +418,21 @@ def test_process_workers_do_not_outlive_the_interpreter():
   pids = [int(pid) for pid in done.stdout.split()]
   assert len(pids) == 2
   assert not _wait_gone(pids)
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_expert_calls_the_instances_own_expert(mode):
+  with host_pool.HostPool(fixtures.PoolExpert, mode=mode, workers=2) as pool:
+    pool.reset([0, 1, 2])
+    plans = pool.expert([2, 0])
+    assert list(plans) == [2, 0]
+    assert plans[0] == host_pool.Plan(("up",) * 4, "4 to go.")
+    assert plans[2] == host_pool.Plan(("up",) * 2, "2 to go.")
+    pool.step({0: ["up"]})
+    assert pool.expert([0])[0].answers == ("up",) * 3  # the state after the step
+  with host_pool.HostPool(functools.partial(fixtures.PoolExpert, goal=99), mode=mode) as pool:
+    pool.reset([0, 1])
+    plans = pool.expert([0, 1])
+    assert plans[0].kind == "bad_output" and "expert() returned" in plans[0].message
+    assert isinstance(plans[1], host_pool.Plan)
+    assert pool.step({0: ["up"]})[0].kind == "pool"  # the failed episode is not called again

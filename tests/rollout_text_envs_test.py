@@ -21,6 +21,8 @@ from ragen_jax import tokenizers
 from ragen_jax.envs import serve
 from ragen_jax.train import demos
 
+from examples import guess_number
+
 TOK = tokenizers.load("sentencepiece")
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 
@@ -266,6 +268,46 @@ def test_reasoning_gym_retries_pay_half_per_wrong_answer_in_the_rollout():
     assert ep["messages"][1]["content"].count(dataset[ep["group_id"] + 100]["question"]) == 1
     assert "Incorrect. Please think again." in ep["messages"][3]["content"]
     assert ep["turn_rewards"] == [0.0, 0.5]
+
+
+class KnowingGuess(guess_number.GuessNumber):
+  """The example game with an expert that knows the number (text environments' expert())."""
+
+  def expert(self):
+    return [str(self.target)], f"It is {self.target}."
+
+
+class KnowingWords(Words):
+
+  def expert(self):
+    return ["beta"], "Beta."  # matched to the vocabulary ignoring case, as a reply would be
+
+
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_text_environment_experts_demonstrate_through_the_pool(pool):
+  if pool == "process":  # process workers import the factory: a module-level class
+    import text_env_fixtures  # pylint: disable=import-outside-toplevel
+
+    del text_env_fixtures
+    env = envs.make("", entry="examples.guess_number:GuessNumber", pool=pool, workers=2)
+    with pytest.raises(ValueError, match="has no expert"):
+      demos.expert_policy(env, config(), 0.0, seed=0)
+    return
+  env = envs.registry.HostEnv("knowing", KnowingGuess)
+  cfg = config(max_actions_per_turn=1)
+  engine = rollout.Rollout(env, TOK, cfg)
+  result = engine.run_scripted(demos.expert_policy(env, cfg, 0.5, seed=0), jax.random.key(0), 7)
+  engine.close()
+  assert result.metrics["success"].tolist() == [1.0] * 4  # free text: no random replacement
+  assert result.metrics["num_turns"].tolist() == [1.0] * 4
+  reply = result.episodes[0]["messages"][2]["content"]
+  assert reply.startswith("<think>It is ") and reply.endswith("</answer>")
+  Words.received.clear()
+  env = envs.registry.HostEnv("knowing_words", KnowingWords)
+  engine = rollout.Rollout(env, TOK, config(max_turns=1))
+  engine.run_scripted(demos.expert_policy(env, config(), 0.0, seed=0), jax.random.key(0), 7)
+  engine.close()
+  assert Words.received == ["Beta"] * 4
 
 
 # ------------------------------------------------------------------ the pure-JAX environments

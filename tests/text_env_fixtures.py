@@ -213,3 +213,13 @@ class PoolNoisyAttributes(text.TextEnv):
 
   def step(self, action):
     return "obs", 0.0, False, {}
+
+
+class PoolExpert(PoolWalk):
+  """PoolWalk with an expert: the moves up to the goal; with goal 99, an episode that starts at
+  position 0 returns a malformed plan."""
+
+  def expert(self):
+    if self.pos == 0 and self.goal == 99:
+      return "up"  # not (answers, thought)
+    return ["up"] * (self.goal - self.pos), f"{self.goal - self.pos} to go."

@@ -121,3 +121,23 @@ def test_options_the_environment_does_not_take_are_a_clear_error():
 
   with pytest.raises(ValueError, match=r"does not take options \['hihg'\]"):
     experiment.from_config(config)
+
+
+@pytest.mark.parametrize(
+    "name, steps",
+    [("countdown_grpo", 2), ("math_ppo", 2), ("sudoku_ppo", 2), ("text_mix_ppo", 1)],
+)
+def test_ragens_text_environments_warm_start_and_train(name, steps, tmp_path):
+  """RAGEN's Countdown, math and Sudoku configs (`:smoke`): the environments' own experts give
+  the supervised warm start, then RL steps run and validate."""
+  config = launch_utils.load_config_file(os.path.join(ROOT, "configs", f"{name}.py") + ":smoke")
+  with config.unlocked():
+    config.trainer.total_steps = steps
+  summary = trainer.train(config, str(tmp_path / name))
+  assert summary["step"] == steps
+  for tag in config.envs.keys():
+    assert summary[f"train/{tag}/env_error"] == 0.0 and f"val/{tag}/success" in summary
+  scalars = logging_utils.read_scalars(str(tmp_path / name))
+  assert scalars["sft/loss"][-1][0] == 2  # the experts' demonstrations trained (smoke: 2 steps)
+  for tag in {"countdown", "math"} & set(config.envs.keys()):  # one-turn answers: all right
+    assert scalars[f"sft/{tag}/demo_success"][-1][1] == 1.0

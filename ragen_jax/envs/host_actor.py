@@ -55,6 +55,14 @@ class Outcome:
   valid: bool  # every executed step had info.get("action_is_valid", True)
 
 
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """What the environment's own expert (`env.expert()`) would answer this turn."""
+
+  answers: Optional[tuple[str, ...]]  # as `step` takes them; None: no plan from here
+  thought: str  # a short reasoning text
+
+
 def one_line(text: str) -> str:
   """`text` on one line, cut to a fault message's length."""
   text = " ".join(str(text).split())
@@ -177,7 +185,7 @@ class Actor:
   """One episode's instance on its own daemon thread, serving that episode's calls in order.
 
   Calls: ("reset", seed) -> Start | EnvFault, ("step", actions) -> Outcome | EnvFault,
-  ("close", None) -> None (and the thread ends). `reply(result)` runs on the actor's thread.
+  ("expert", None) -> Plan | EnvFault, ("close", None) -> None (and the thread ends). `reply(result)` runs on the actor's thread.
   """
 
   def __init__(self, factory: Callable[[], Any], name: str):
@@ -200,6 +208,8 @@ class Actor:
           result = self._reset(payload)
         elif op == "step":
           result = self._step(payload)
+        elif op == "expert":
+          result = self._expert()
         else:
           self._close()
       except _Failed as failed:
@@ -240,6 +250,17 @@ class Actor:
       effective += _info_flag(info, "action_is_effective", True)
       valid = _info_flag(info, "action_is_valid", True) and valid
     return Outcome(self._observation, reward, self._done, success, executed, effective, valid)
+
+  def _expert(self) -> Plan:
+    out = _call("expert", self._env.expert)
+    if not isinstance(out, (tuple, list)) or len(out) != 2 or not isinstance(out[1], str):
+      _fail("bad_output", f"expert() returned {_short(out)}, not (answers or None, thought)")
+    answers, thought = out
+    if answers is not None:
+      if isinstance(answers, (str, bytes)) or not all(isinstance(a, str) for a in answers):
+        _fail("bad_output", f"expert() answers {_short(answers)} are not a list of str")
+      answers = tuple(answers)
+    return Plan(answers, thought)
 
   def _close(self) -> None:
     try:

@@ -91,28 +91,36 @@ class Core:
       return [self._record(i, results.get(i), "reset") for i in range(len(seeds))]
 
   def step(self, actions: dict[int, Sequence[str]]) -> dict[int, Any]:
+    for i, episode_actions in actions.items():
+      if isinstance(episode_actions, (str, bytes)):
+        raise TypeError(f"episode {i}'s actions are a str; pass a list of actions")
+    calls = {i: ("step", list(episode_actions)) for i, episode_actions in actions.items()}
+    return self._call_live(calls, lambda payload: f"step ({len(payload)} actions)")
+
+  def expert(self, indices: Sequence[int]) -> dict[int, Any]:
+    return self._call_live({i: ("expert", None) for i in indices}, lambda payload: "expert")
+
+  def _call_live(self, calls: dict[int, tuple[str, Any]], what) -> dict[int, Any]:
+    """Runs `calls` on the episodes that have not failed; a failed one gets a "pool" fault."""
     with self.lock:
       self._check_open()
-      for i, episode_actions in actions.items():
+      for i in calls:
         if not 0 <= i < len(self.episodes):
           raise IndexError(f"episode {i} is not one of this batch's {len(self.episodes)}")
-        if isinstance(episode_actions, (str, bytes)):
-          raise TypeError(f"episode {i}'s actions are a str; pass a list of actions")
-      results, calls = {}, {}
-      for i, episode_actions in actions.items():
+      results, live = {}, {}
+      for i, call in calls.items():
         fault = self.episodes[i].fault
         if fault is None:
-          calls[i] = ("step", list(episode_actions))
+          live[i] = call
         else:
           message = host_actor.one_line(
               f"episode {i} already failed ({fault.kind}): {fault.message}"
           )
           results[i] = host_actor.EnvFault("pool", message)
-      arrived = self._run(calls)
-      for i, (_, episode_actions) in calls.items():
-        what = f"step ({len(episode_actions)} actions)"
-        results[i] = self._record(i, arrived.get(i), what)
-      return {i: results[i] for i in actions}
+      arrived = self._run(live)
+      for i, (_, payload) in live.items():
+        results[i] = self._record(i, arrived.get(i), what(payload))
+      return {i: results[i] for i in calls}
 
   def _close_episodes(self) -> None:
     calls = {i: ("close", None) for i, ep in enumerate(self.episodes) if ep.closable}

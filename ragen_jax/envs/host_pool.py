@@ -56,9 +56,10 @@ from ragen_jax.envs import host_workers
 from ragen_jax.envs.host_actor import EnvFault
 from ragen_jax.envs.host_actor import FAULT_KINDS
 from ragen_jax.envs.host_actor import Outcome
+from ragen_jax.envs.host_actor import Plan
 from ragen_jax.envs.host_actor import Start
 
-__all__ = ["FAULT_KINDS", "MODES", "EnvFault", "HostPool", "Outcome", "Start"]
+__all__ = ["FAULT_KINDS", "MODES", "EnvFault", "HostPool", "Outcome", "Plan", "Start"]
 
 MODES = ("thread", "process")
 
@@ -145,6 +146,10 @@ class HostPool:
     A finished episode (done) executes nothing: Outcome(executed=0, done=True).
     """
     return self._core.step(actions)
+
+  def expert(self, indices: Sequence[int]) -> dict[int, Plan | EnvFault]:
+    """Each episode's `env.expert()` (the scripted demonstrator's plan for this turn)."""
+    return self._core.expert(indices)
 
   def close(self) -> None:
     """Closes the live instances and stops the workers; idempotent."""

@@ -18,8 +18,11 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from ragen_jax.envs import base
 from ragen_jax.envs.bandit import Bandit
+from ragen_jax.envs.countdown import Countdown
 from ragen_jax.envs.frozenlake import FrozenLake
+from ragen_jax.envs.math_env import MathEnv
 from ragen_jax.envs.sokoban import Sokoban
+from ragen_jax.envs.sudoku import Sudoku
 
 POOL_MODES = ("thread", "process")
 
@@ -28,6 +31,10 @@ REGISTRY: Dict[str, Callable[..., Any]] = {
     "sokoban": Sokoban,
     "frozenlake": FrozenLake,
     "bandit": Bandit,
+    # RAGEN's environments on free text, stepped on the host.
+    "countdown": Countdown,
+    "math": MathEnv,
+    "sudoku": Sudoku,
 }
 
 

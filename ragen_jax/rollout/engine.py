@@ -133,7 +133,8 @@ class Rollout:
     The reply is the text after the generation prefix (e.g. "...</think><answer>Up</answer>");
     it is tokenised and recorded exactly as sampled tokens would be (log-probs 0), so the
     batch is a supervised demonstration in the rollout's own format (see ragen_jax.train.sft).
-    `state` is the episode's unbatched host state (a text environment: its last observation).
+    `state` is the episode's unbatched host state; for a text environment, the `Plan` of its
+    own `expert()` when it has one, else its last observation (rollout.env_batch).
     Every process plays the whole batch: a scripted policy draws from its own host random
     generator in episode order, so splitting the episodes would change the draws; no model
     runs, so the repeated work is cheap.
@@ -286,7 +287,7 @@ class Rollout:
       stats["prefill_tokens_append"] += len(chunk)
       stats["prefill_tokens_reencode"] += len(eps[i].tokens()) + len(chunk) - (turn > 1)
     stats["prefill_slots"] += self.batch_size * width
-    return TurnInputs(turn, ids_BxC, mask_BxC, active_B, eps, self.envs.state, None)
+    return TurnInputs(turn, ids_BxC, mask_BxC, active_B, eps, self.envs.states, None)
 
   def _reply(self, ep: Episode, context, tokens_N, logprobs_N) -> List[str]:
     """Records the reply as a new turn; returns the actions it names (canonical names, or the

@@ -22,10 +22,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax import distributed
+from ragen_jax.envs import base as env_base
 from ragen_jax.envs import host_pool
 from ragen_jax.envs import registry
 
 Start, Outcome, EnvFault = host_pool.Start, host_pool.Outcome, host_pool.EnvFault
+Plan = host_pool.Plan
 
 
 def make(env, config, batch_size: int, sharder=None):
@@ -108,9 +110,9 @@ class JaxBatch:
     self._names = [tuple(self.env.action_names_for(row(self._host, i))) for i in range(hi - lo)]
     return [Start(self._render(i), instruction, names, None) for i, names in enumerate(self._names)]
 
-  def state(self, i: int) -> Any:
-    """Episode i's unbatched host state (what scripted experts plan from)."""
-    return row(self._host, i)
+  def states(self, indices: Sequence[int]) -> Dict[int, Any]:
+    """The episodes' unbatched host states (what scripted experts plan from)."""
+    return {i: row(self._host, i) for i in indices}
 
   def step(self, actions: Dict[int, List[str]], key) -> Dict[int, Outcome]:
     b = len(self._names)
@@ -141,6 +143,14 @@ class JaxBatch:
     pass
 
 
+def has_expert(env) -> bool:
+  """Whether `env`'s episodes can demonstrate: a pure-JAX environment that overrides
+  `Env.expert`, or a text environment whose class defines `expert()`."""
+  if isinstance(env, registry.HostEnv):
+    return callable(getattr(env.factory, "expert", None))
+  return isinstance(env, env_base.Env) and type(env).expert is not env_base.Env.expert
+
+
 class HostBatch:
   """A text environment's episodes, one instance each, in a `host_pool.HostPool`."""
 
@@ -160,9 +170,14 @@ class HostBatch:
     self._observations = {i: s.observation for i, s in enumerate(starts) if isinstance(s, Start)}
     return starts
 
-  def state(self, i: int) -> str:
-    """Episode i's last observation (what a scripted policy of a text environment reads)."""
-    return self._observations.get(i, "")
+  def states(self, indices: Sequence[int]) -> Dict[int, Any]:
+    """What a scripted policy of a text environment reads: each episode's `Plan` from the
+    environment's own `expert()` when its class has one (a failed call: `None`), else its
+    last observation."""
+    if not has_expert(self.env):
+      return {i: self._observations.get(i, "") for i in indices}
+    plans = self.pool.expert(list(indices))
+    return {i: plan if isinstance(plan, Plan) else None for i, plan in plans.items()}
 
   def step(self, actions: Dict[int, List[str]], key) -> Dict[int, Any]:
     del key  # host environments draw from their own seeded generators

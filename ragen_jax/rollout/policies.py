@@ -10,7 +10,7 @@ S cache capacity.
 """
 
 import dataclasses
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Sequence
 
 from flax import nnx
 import jax
@@ -83,7 +83,7 @@ class TurnInputs:
   mask_BxC: np.ndarray
   active_B: np.ndarray  # bool: the episode plays this turn
   episodes: List[Episode]
-  state: Callable[[int], Any]  # episode i's environment state (rollout.env_batch)
+  states: Callable[[Sequence[int]], Dict[int, Any]]  # episodes' states (rollout.env_batch)
   key: jax.Array
 
 
@@ -138,8 +138,9 @@ class ScriptedPolicy:
     self.fn, self.tok, self.max_new_tokens = fn, tokenizer, max_new_tokens
 
   def respond(self, inputs: TurnInputs) -> Replies:
-    active = np.flatnonzero(inputs.active_B)
-    replies = {i: self.tok.encode(self.fn(inputs.state(i), inputs.episodes[i])) for i in active}
+    active = [int(i) for i in np.flatnonzero(inputs.active_B)]
+    states = inputs.states(active)
+    replies = {i: self.tok.encode(self.fn(states[i], inputs.episodes[i])) for i in active}
     width = max(max((len(r) for r in replies.values()), default=1), 1)
     if width > self.max_new_tokens:
       raise ValueError(

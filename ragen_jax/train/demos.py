@@ -21,7 +21,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ragen_jax.envs import base as env_base
+from ragen_jax import envs
+from ragen_jax.rollout import env_batch
+from ragen_jax.rollout import prompts
 
 
 def reply_text(thought: str, actions: Sequence[str], enable_think: bool, action_sep: str) -> str:
@@ -40,14 +42,16 @@ def expert_policy(env, config, random_prob: float, seed: int, undo_prob: float =
   """A `policy(state, episode) -> reply` for `Rollout.run_scripted` (see the module doc).
 
   Args:
-    env: the environment (its `expert` method plans).
+    env: the environment (its `expert` method plans): a pure-JAX one, or a text environment
+      (`envs.HostEnv`) whose class defines `expert()`; free-text answers are used as the
+      expert gives them (`random_prob` and `undo_prob` act on action names only).
     config: the rollout's RolloutConfig (actions per turn, separator, think format).
     random_prob: probability that each action is replaced by a random one.
     seed: seed of the host random generator (replies are reproducible per seed).
     undo_prob: probability that a reply of two or more actions is cut to its first action and
       the move that takes it back ("Up || Down"): a hesitant demonstrator.
   """
-  if not has_expert(env):
+  if not env_batch.has_expert(env):
     raise ValueError(f"environment {getattr(env, 'name', env)!r} has no expert (env.expert)")
   for name, value in (("random_prob", random_prob), ("undo_prob", undo_prob)):
     if not 0.0 <= value <= 1.0:
@@ -55,8 +59,18 @@ def expert_policy(env, config, random_prob: float, seed: int, undo_prob: float =
   rng = np.random.default_rng(seed)
 
   def policy(state, episode) -> str:
-    plan, thought = env.expert(state)
     names = episode.action_names
+    if isinstance(env, envs.HostEnv):  # a text environment: its Plan (env_batch.HostBatch)
+      if names is None:  # free text: the expert's answers as they are
+        plan = state.answers if state is not None else None
+        budget = min(episode.max_actions_per_turn, episode.actions_left)
+        answers = list(plan or [])[:budget]
+        thought = state.thought if state is not None else ""
+        return reply_text(thought, answers, config.enable_think, config.action_sep)
+      plan, thought = (None, "") if state is None else (state.answers, state.thought)
+      plan = None if plan is None else prompts.match_actions(plan, names)[0]
+    else:
+      plan, thought = env.expert(state)
     budget = min(config.max_actions_per_turn, episode.actions_left)
     count = budget if plan is None else max(1, min(budget, len(plan)))
     actions = []
@@ -70,8 +84,3 @@ def expert_policy(env, config, random_prob: float, seed: int, undo_prob: float =
     return reply_text(thought, actions, config.enable_think, config.action_sep)
 
   return policy
-
-
-def has_expert(env) -> bool:
-  """Whether `env` (a pure-JAX environment) can demonstrate: it overrides `Env.expert`."""
-  return isinstance(env, env_base.Env) and type(env).expert is not env_base.Env.expert

@@ -25,7 +25,6 @@ from ragen_jax import rollout as rollout_lib
 from ragen_jax.diagnostics import CollapseConfig
 from ragen_jax.envs import base as env_base
 from ragen_jax.sharding import MeshSpec
-from ragen_jax.train import demos
 from ragen_jax.train.early_stop import EarlyStopConfig
 from ragen_jax.train.sft import SFTConfig
 
@@ -266,11 +265,11 @@ def from_config(config) -> Experiment:
     exp.ppo.check_batch(exp.train_episodes)
   except ValueError as e:
     _fail(f"{e} (training episodes per step = sum of envs.*.train_groups x rollout.group_size)")
-  no_expert = [e.tag for e in exp.envs if not demos.has_expert(e.make())]
+  no_expert = [e.tag for e in exp.envs if not rollout_lib.env_batch.has_expert(e.make())]
   if exp.sft.steps and no_expert:
     _fail(
         f"sft.steps > 0 plays scripted experts, and envs {no_expert} have none "
-        "(text environments do not demonstrate); use sft.steps=0"
+        "(a text environment demonstrates when its class defines expert()); use sft.steps=0"
     )
   if exp.sft.steps and exp.model.checkpoint is not None:
     _fail(

@@ -1,0 +1,455 @@
+"""Sudoku as a host text environment (RAGEN's `_8_sudoku`): place numbers by free-text answers.
+
+    env = Sudoku(size=4)              # 4x4 with 2x2 boxes, or size=9 with 3x3 boxes
+    text = env.reset(seed)            # the board, then help lines
+    text, reward, done, info = env.step("place 3 at row 1 col 2")   # or "1,2,3"
+
+Host-side Python rather than JAX: a board with a unique solution comes from a backtracking
+search (fill a grid at random, then empty cells one by one while a solver still counts exactly
+one solution), whose control flow depends on the data at every step; answers are free text,
+parsed on the host anyway; and a board is at most 81 small integers, so nothing here is worth
+an accelerator.
+
+Boards: `random.Random(seed)` fills a full grid by randomised backtracking, then visits the
+cells in a random order and empties each one unless that would admit a second solution, until
+`givens` cells remain (the same seed gives the same board). A grid whose minimal puzzles stop
+above `givens` is dropped for a fresh one; after `_MAX_GRIDS` grids `reset` raises. Random
+removal reaches the minimum of 4 givens on a 4x4, but on a 9x9 rarely fewer than about 24.
+`load` plays a hand-written board instead (tests, fixed evaluations).
+
+Actions (`parse_action`; case and extra spaces ignored, the whole answer must match):
+    place V at row R col C      "at" may be "in" or "on" or left out, "col" may be "column",
+                                a comma may follow the row and "(row R, col C)" may be bracketed
+    R,C,V                       optionally in ( ) or [ ]; spaces around the commas are fine
+R, C and V are 1-based whole numbers written in ASCII digits; a trailing "." is ignored.
+
+Rewards (RAGEN's): +1 for a correct placement (V is the unique solution's number at the empty
+cell R, C), and +10 more on the placement that completes the board (done, success). Anything
+else costs -0.1 and leaves the board unchanged: unparseable text, a number out of range, a
+filled cell (given or placed), a number already in the row, column or box, and a number that
+conflicts with nothing yet but is not the solution's (this module's choice, as the reference
+notes say nothing of it: with a unique solution it is wrong, and keeping it would only leave a
+board that cannot be completed). Only correct numbers are ever
+written, so the board never holds a conflict. `max_steps` (optional) ends an unsolved episode
+after that many steps.
+
+info: `success` (the board is complete), `action_is_valid` (the answer parsed into numbers in
+range: a well-formed move, whether or not it is right), `action_is_effective` (the board
+changed, i.e. a correct placement) and `outcome`, one of OUTCOMES.
+
+The observation is the board alone (`render`), so an answer that changes nothing leaves it
+identical (the rollout's unchanged-state check):
+
+       1 2   3 4
+    r1 1 . | 3 4
+    r2 3 4 | . 2
+       ----+----
+    r3 . 1 | 4 3
+    r4 4 3 | 2 .
+    Possible numbers: r1c2: 2; r2c3: 1; r3c1: 2; r4c4: 1
+
+then, if the board had any, a "Conflicts:" line. `hints` picks the help line: "all" lists every
+empty cell's numbers left by its row, column and box (the default for 4x4); "summary" gives the
+count of empty cells and the three with the fewest numbers (the default for 9x9, whose full list
+would run to hundreds of tokens); "none" leaves it out.
+"""
+
+import math
+import random
+import re
+from typing import Dict, List, Optional, Tuple
+
+from ragen_jax.envs import text
+
+Board = List[List[int]]  # rows of numbers, 0 = empty
+Cell = Tuple[int, int]  # (row, col), 0-based
+
+CORRECT_REWARD = 1.0
+COMPLETION_BONUS = 10.0
+INVALID_REWARD = -0.1
+DEFAULT_GIVENS = {4: 8, 9: 36}
+MIN_GIVENS = {4: 4, 9: 17}  # fewer never has a unique solution
+HINTS = ("all", "summary", "none")
+OUTCOMES = (
+    "correct",  # placed (+1, and +10 more when it completes the board)
+    "unparseable",
+    "out_of_range",
+    "filled",  # the cell already holds a number
+    "conflict",  # the number is already in the cell's row, column or box
+    "wrong",  # conflicts with nothing yet, but is not the solution's number there
+    "finished",  # stepped after the episode ended: 0 reward, nothing changes
+)
+_MAX_GRIDS = 50
+
+_PLACE = re.compile(
+    r"place\s*([0-9]+)\s*(?:(?:at|in|on)\s*)?([(\[]?)\s*row\s*([0-9]+)\s*,?\s*"
+    r"col(?:umn)?\s*([0-9]+)\s*([)\]]?)\s*\.?"
+)
+_TRIPLE = re.compile(r"([(\[]?)\s*([0-9]+)\s*,\s*([0-9]+)\s*,\s*([0-9]+)\s*([)\]]?)\s*\.?")
+_BRACKETS = {"": "", "(": ")", "[": "]"}
+
+
+def parse_action(answer: str) -> Optional[Tuple[int, int, int]]:
+  """(row, col, value) as written (1-based, not range-checked) from one answer in either syntax
+  of the module doc, or None."""
+  answer = answer.strip().lower()
+  place = _PLACE.fullmatch(answer)
+  if place and _BRACKETS[place.group(2)] == place.group(5):
+    return int(place.group(3)), int(place.group(4)), int(place.group(1))
+  triple = _TRIPLE.fullmatch(answer)
+  if triple and _BRACKETS[triple.group(1)] == triple.group(5):
+    return int(triple.group(2)), int(triple.group(3)), int(triple.group(4))
+  return None
+
+
+def format_action(row: int, col: int, value: int) -> str:
+  """The answer that places `value` at 1-based (row, col)."""
+  return f"place {value} at row {row} col {col}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Board logic: bitmasks of the numbers used per row, column and box (bit v for number v).
+
+
+def box_side(size: int) -> int:
+  side = math.isqrt(size)
+  if size not in (4, 9):
+    raise ValueError(f"size must be 4 or 9, got {size}")
+  return side
+
+
+def box_of(size: int, row: int, col: int) -> int:
+  side = box_side(size)
+  return (row // side) * side + col // side
+
+
+def _used(board: Board) -> Optional[Tuple[List[int], List[int], List[int]]]:
+  """Masks of the numbers in each row, column and box; None when a number repeats in one."""
+  n = len(board)
+  rows, cols, boxes = [0] * n, [0] * n, [0] * n
+  for r in range(n):
+    for c in range(n):
+      v = board[r][c]
+      if v:
+        bit, b = 1 << v, box_of(n, r, c)
+        if (rows[r] | cols[c] | boxes[b]) & bit:
+          return None
+        rows[r] |= bit
+        cols[c] |= bit
+        boxes[b] |= bit
+  return rows, cols, boxes
+
+
+def candidates(board: Board) -> Dict[Cell, List[int]]:
+  """Each empty cell's numbers not yet in its row, column or box (reading order)."""
+  n = len(board)
+  out = {}
+  for r in range(n):
+    for c in range(n):
+      if not board[r][c]:
+        taken = {board[r][k] for k in range(n)} | {board[k][c] for k in range(n)}
+        side = box_side(n)
+        r0, c0 = r - r % side, c - c % side
+        taken |= {board[r0 + i][c0 + j] for i in range(side) for j in range(side)}
+        out[(r, c)] = [v for v in range(1, n + 1) if v not in taken]
+  return out
+
+
+def conflicts(board: Board) -> List[str]:
+  """Numbers that repeat in a row, column or box, as "row 1 has two 3s" (1-based)."""
+  n, side = len(board), box_side(len(board))
+  units = [(f"row {r + 1}", [(r, c) for c in range(n)]) for r in range(n)]
+  units += [(f"column {c + 1}", [(r, c) for r in range(n)]) for c in range(n)]
+  for b in range(n):
+    r0, c0 = (b // side) * side, (b % side) * side
+    units.append((f"box {b + 1}", [(r0 + i, c0 + j) for i in range(side) for j in range(side)]))
+  out = []
+  for name, cells in units:
+    values = [board[r][c] for r, c in cells if board[r][c]]
+    for v in sorted(set(values)):
+      k = values.count(v)
+      if k > 1:
+        out.append(f"{name} has {k} {v}s")
+  return out
+
+
+def solve(board: Board, limit: int = 2, rng: Optional[random.Random] = None) -> List[Board]:
+  """Up to `limit` completions of `board` (none if it already repeats a number). Backtracking
+  on the empty cell with the fewest numbers left; `rng` shuffles the order numbers are tried in
+  (a random full grid from an empty board), otherwise ascending."""
+  n = len(board)
+  masks = _used(board)
+  if masks is None:
+    return []
+  rows, cols, boxes = masks
+  work = [list(row) for row in board]
+  empty = [(r, c, box_of(n, r, c)) for r in range(n) for c in range(n) if not work[r][c]]
+  every = (1 << (n + 1)) - 2
+  found: List[Board] = []
+
+  def search(left: int) -> bool:  # True once `limit` solutions are found
+    if not left:
+      found.append([list(row) for row in work])
+      return len(found) >= limit
+    best, best_free, best_count = None, 0, n + 1
+    for r, c, b in empty:
+      if not work[r][c]:
+        free = every & ~(rows[r] | cols[c] | boxes[b])
+        count = free.bit_count()
+        if count < best_count:
+          best, best_free, best_count = (r, c, b), free, count
+          if count <= 1:  # a dead end or a forced number: no better choice
+            break
+    r, c, b = best
+    values = [v for v in range(1, n + 1) if best_free >> v & 1]
+    if rng is not None:
+      rng.shuffle(values)
+    for v in values:
+      bit = 1 << v
+      work[r][c] = v
+      rows[r] |= bit
+      cols[c] |= bit
+      boxes[b] |= bit
+      done = search(left - 1)
+      work[r][c] = 0
+      rows[r] &= ~bit
+      cols[c] &= ~bit
+      boxes[b] &= ~bit
+      if done:
+        return True
+    return False
+
+  search(len(empty))
+  return found
+
+
+def count_solutions(board: Board, limit: int = 2) -> int:
+  """The number of solutions of `board`, counted up to `limit`."""
+  return len(solve(board, limit))
+
+
+def generate(size: int, givens: int, rng: random.Random) -> Tuple[Board, Board]:
+  """(puzzle, solution): a puzzle with exactly `givens` numbers and a unique solution."""
+  box_side(size)
+  if not MIN_GIVENS[size] <= givens <= size * size:
+    raise ValueError(f"givens must be in [{MIN_GIVENS[size]}, {size * size}], got {givens}")
+  for _ in range(_MAX_GRIDS):
+    solution = solve([[0] * size for _ in range(size)], 1, rng)[0]
+    puzzle = [list(row) for row in solution]
+    cells = [(r, c) for r in range(size) for c in range(size)]
+    rng.shuffle(cells)
+    left = size * size
+    for r, c in cells:
+      if left == givens:
+        break
+      puzzle[r][c] = 0
+      if count_solutions(puzzle) == 1:
+        left -= 1
+      else:  # emptying it would admit a second solution: keep it
+        puzzle[r][c] = solution[r][c]
+    if left == givens:
+      return puzzle, solution
+  raise RuntimeError(
+      f"no {size}x{size} puzzle with a unique solution and {givens} givens in {_MAX_GRIDS} grids; "
+      "ask for more givens"
+  )
+
+
+# ---------------------------------------------------------------------------------------------
+# Text.
+
+
+def _cell(cell: Cell) -> str:
+  return f"r{cell[0] + 1}c{cell[1] + 1}"
+
+
+def _options(cell: Cell, values: List[int]) -> str:
+  return f"{_cell(cell)}: " + " ".join(map(str, values))
+
+
+def render(board: Board, hints: str = "all") -> str:
+  """The board as text (module doc), with the help lines that `hints` selects."""
+  n = len(board)
+  side = box_side(n)
+  if hints not in HINTS:
+    raise ValueError(f"hints must be one of {HINTS}, got {hints!r}")
+
+  def groups(values: List[str], sep: str) -> str:
+    return sep.join(" ".join(values[i : i + side]) for i in range(0, n, side))
+
+  width = len(str(n))  # row labels "r1".."r9"
+  pad = " " * (width + 2)
+  lines = [pad + groups([str(c + 1) for c in range(n)], "   ")]
+  for r in range(n):
+    if r and not r % side:
+      lines.append(pad + "-+-".join(["-" * (2 * side - 1)] * side))
+    lines.append(f"r{r + 1:<{width}} " + groups([str(v) if v else "." for v in board[r]], " | "))
+  free = candidates(board)
+  if hints == "all" and free:
+    lines.append("Possible numbers: " + "; ".join(_options(k, v) for k, v in free.items()))
+  elif hints == "summary" and free:
+    tight = sorted(free, key=lambda k: len(free[k]))[:3]  # stable: reading order on ties
+    lines.append(
+        f"{len(free)} empty cells. Fewest possible numbers: "
+        + "; ".join(_options(k, free[k]) for k in tight)
+    )
+  found = conflicts(board)
+  if found:
+    lines.append("Conflicts: " + "; ".join(found))
+  return "\n".join(lines)
+
+
+def instruction_text(size: int, max_actions_per_turn: int) -> str:
+  side = box_side(size)
+  return (
+      f"You are solving a {size}x{size} Sudoku. Fill every empty cell (shown as '.') with a "
+      f"number from 1 to {size} so that every row, every column and every {side}x{side} box "
+      f"holds each number exactly once. Rows are numbered 1 to {size} from the top (r1, r2, "
+      f"...) and columns 1 to {size} from the left. Place a number as 'place V at row R col C' "
+      "or as 'R,C,V': both <answer>place 3 at row 1 col 2</answer> and <answer>1,2,3</answer> "
+      f"put 3 in row 1, column 2. You may place up to {max_actions_per_turn} numbers per turn. "
+      "A correct number earns 1 and completing the board 10 more; a filled cell, a number "
+      "already in the row, column or box, a number that is not the solution's, or an answer "
+      "in another form costs 0.1 and changes nothing. Below the board, each empty cell lists "
+      "the numbers its row, column and box still allow."
+  )
+
+
+class Sudoku(text.TextEnv):
+  """One episode: a seeded puzzle with a unique solution, filled in by free-text placements."""
+
+  action_names = None  # free text
+
+  def __init__(
+      self,
+      size: int = 4,
+      givens: Optional[int] = None,
+      max_actions_per_turn: int = 3,
+      max_steps: Optional[int] = None,
+      hints: Optional[str] = None,
+  ):
+    """size: 4 or 9. givens: numbers shown at the start (None: DEFAULT_GIVENS, 8 of 16 on a
+    4x4, 36 of 81 on a 9x9). max_actions_per_turn: placements stepped per turn. max_steps:
+    steps before an unsolved episode ends (None: no limit but the rollout's action budget).
+    hints: "all", "summary" or "none" (None: "all" for 4x4, "summary" for 9x9)."""
+    box_side(size)
+    self.size = size
+    self.givens = DEFAULT_GIVENS[size] if givens is None else givens
+    if not MIN_GIVENS[size] <= self.givens <= size * size:
+      raise ValueError(f"givens must be in [{MIN_GIVENS[size]}, {size * size}], got {givens}")
+    if max_actions_per_turn < 1:
+      raise ValueError(f"max_actions_per_turn must be positive, got {max_actions_per_turn}")
+    self.max_actions_per_turn = max_actions_per_turn
+    self.max_steps = max_steps
+    self.hints = hints or ("all" if size == 4 else "summary")
+    if self.hints not in HINTS:
+      raise ValueError(f"hints must be one of {HINTS}, got {hints!r}")
+    self.instruction = instruction_text(size, max_actions_per_turn)
+    self.puzzle: Board = []
+    self.solution: Board = []
+    self.board: Board = []
+    self.steps = 0
+    self.done = False
+
+  def reset(self, seed: int) -> str:
+    return self._start(*generate(self.size, self.givens, random.Random(seed)))
+
+  def load(self, puzzle) -> str:
+    """Plays `puzzle` (a Board, or rows of digits and '.' in a string, one row a line) from its
+    start instead of a generated one; returns the first observation. Raises ValueError unless
+    it has this size and exactly one solution."""
+    if isinstance(puzzle, str):
+      rows = [row.strip() for row in puzzle.strip().splitlines()]
+      puzzle = [[0 if ch == "." else int(ch) for ch in row] for row in rows]
+    board = [[int(v) for v in row] for row in puzzle]
+    n = self.size
+    if len(board) != n or any(len(row) != n or not all(0 <= v <= n for v in row) for row in board):
+      raise ValueError(f"not a {n}x{n} board of numbers 0 to {n}: {puzzle!r}")
+    found = solve(board)
+    if len(found) != 1:
+      raise ValueError(f"the board has {'several' if found else 'no'} solutions, not one")
+    return self._start(board, found[0])
+
+  def _start(self, puzzle: Board, solution: Board) -> str:
+    self.puzzle, self.solution = puzzle, solution
+    self.board = [list(row) for row in puzzle]
+    self.steps, self.done = 0, False
+    return self.render()
+
+  def render(self) -> str:
+    return render(self.board, self.hints)
+
+  def solved(self) -> bool:
+    return self.board == self.solution
+
+  def _judge(self, action: str) -> Tuple[str, Optional[Cell], int]:
+    """(outcome, 0-based cell, value) of an answer on the current board."""
+    move = parse_action(action)
+    if move is None:
+      return "unparseable", None, 0
+    row, col, value = move
+    n = self.size
+    if not (1 <= row <= n and 1 <= col <= n and 1 <= value <= n):
+      return "out_of_range", None, 0
+    r, c = row - 1, col - 1
+    if self.board[r][c]:
+      return "filled", (r, c), value
+    if value not in candidates(self.board)[(r, c)]:
+      return "conflict", (r, c), value
+    if value != self.solution[r][c]:
+      return "wrong", (r, c), value
+    return "correct", (r, c), value
+
+  def step(self, action: str) -> text.StepOutput:
+    if self.done:
+      info = {"success": self.solved(), "action_is_valid": False, "action_is_effective": False}
+      return self.render(), 0.0, True, {**info, "outcome": "finished"}
+    outcome, cell, value = self._judge(str(action))
+    self.steps += 1
+    reward = INVALID_REWARD
+    if outcome == "correct":
+      self.board[cell[0]][cell[1]] = value
+      reward = CORRECT_REWARD + (COMPLETION_BONUS if self.solved() else 0.0)
+    success = self.solved()
+    out_of_steps = self.max_steps is not None and self.steps >= self.max_steps
+    self.done = success or out_of_steps
+    info = {
+        "success": success,
+        "action_is_valid": outcome not in ("unparseable", "out_of_range"),
+        "action_is_effective": outcome == "correct",
+        "outcome": outcome,
+    }
+    return self.render(), reward, self.done, info
+
+  def expert(self) -> Tuple[Optional[List[str]], str]:
+    """Up to `max_actions_per_turn` answers from the unique solution, and a short reason for
+    each; (None, thought) once solved. Cells that logic forces come first (one number left in
+    the cell, or the only place for a number in its row, column or box), then the cells with
+    the fewest numbers left, in reading order."""
+    if not self.solution:
+      raise RuntimeError("Sudoku.expert before reset")
+    if self.solved():
+      return None, "The board is complete."
+    free = candidates(self.board)
+    reasons = {cell: self._reason(cell, free) for cell in free}
+    order = sorted(free, key=lambda k: (reasons[k][0], len(free[k])))[: self.max_actions_per_turn]
+    answers = [format_action(r + 1, c + 1, self.solution[r][c]) for r, c in order]
+    return answers, "; ".join(reasons[k][1] for k in order) + "."
+
+  def _reason(self, cell: Cell, free: Dict[Cell, List[int]]) -> Tuple[int, str]:
+    """(rank, text): why the solution's number goes in `cell`; rank 0 when forced."""
+    r, c = cell
+    v, n = self.solution[r][c], self.size
+    if len(free[cell]) == 1:
+      return 0, f"{_cell(cell)} can only be {v}"
+    b = box_of(n, r, c)
+    units = (
+        (f"row {r + 1}", [k for k in free if k[0] == r]),
+        (f"column {c + 1}", [k for k in free if k[1] == c]),
+        (f"box {b + 1}", [k for k in free if box_of(n, *k) == b]),
+    )
+    for name, cells in units:
+      if [k for k in cells if v in free[k]] == [cell]:
+        return 0, f"{v} fits {name} only at {_cell(cell)}"
+    options = " ".join(map(str, free[cell]))
+    return 1, f"{_cell(cell)} is {v} (of {options}; the solution is unique)"

@@ -1,0 +1,400 @@
+"""Sudoku: hand-worked rewards, unique generated boards, the expert, parsing and rendering."""
+
+import itertools
+
+import hypothesis
+from hypothesis import strategies as st
+import pytest
+
+from ragen_jax.envs import sudoku
+
+# A hand-written 4x4 with 7 givens. Its solution, worked by hand: r1c4 = 4 (row 1 lacks 2, 4;
+# column 4 has 2), so r1c2 = 2; column 2 then lacks 3, 4 and box 1 has 4 left for r2c2, so
+# r4c2 = 3, r4c1 = 4; row 3 lacks 3, 4 and column 4 has 4 at r1, so r3c4 = 3, r3c3 = 4; row 4
+# lacks 1, 2 and column 3 has 1, so r4c3 = 2, r4c4 = 1.
+PUZZLE = "1.3.\n3.12\n21..\n...."
+SOLUTION = [[1, 2, 3, 4], [3, 4, 1, 2], [2, 1, 4, 3], [4, 3, 2, 1]]
+EMPTY = [(r, c) for r in range(4) for c in range(4) if PUZZLE.split()[r][c] == "."]
+
+
+def _board(text):
+  return [[0 if ch == "." else int(ch) for ch in row] for row in text.split()]
+
+
+def _env(**options):
+  env = sudoku.Sudoku(**options)
+  env.load(PUZZLE)
+  return env
+
+
+def _valid_grid(grid):
+  """Independent of the module: every row, column and box holds 1..n once."""
+  n = len(grid)
+  side = int(round(n**0.5))
+  want = set(range(1, n + 1))
+  rows = [set(row) for row in grid]
+  cols = [{grid[r][c] for r in range(n)} for c in range(n)]
+  boxes = [
+      {grid[r][c] for r in range(br, br + side) for c in range(bc, bc + side)}
+      for br in range(0, n, side)
+      for bc in range(0, n, side)
+  ]
+  return all(unit == want for unit in rows + cols + boxes)
+
+
+def _all_4x4_grids():
+  """Every valid 4x4 grid (there are 288), row by row from permutations, without the module."""
+  perms = list(itertools.permutations(range(1, 5)))
+  grids = [[]]
+  for _ in range(4):
+    grids = [g + [list(p)] for g in grids for p in perms if _partial_ok(g + [list(p)])]
+  return grids
+
+
+def _partial_ok(rows):
+  for c in range(4):
+    col = [row[c] for row in rows]
+    if len(set(col)) != len(col):
+      return False
+  for br in (0, 2):
+    for bc in (0, 2):
+      box = [rows[r][c] for r in range(br, min(br + 2, len(rows))) for c in (bc, bc + 1)]
+      if len(set(box)) != len(box):
+        return False
+  return True
+
+
+ALL_4X4 = _all_4x4_grids()
+
+
+def _completions(puzzle):
+  return [
+      g
+      for g in ALL_4X4
+      if all(v in (0, g[r][c]) for r, row in enumerate(puzzle) for c, v in enumerate(row))
+  ]
+
+
+def test_independent_checkers():
+  assert len(ALL_4X4) == 288
+  assert _valid_grid(SOLUTION)
+  assert not _valid_grid([[1, 2, 3, 4], [2, 1, 4, 3], [3, 4, 1, 2], [4, 3, 2, 1]])  # boxes
+  assert _completions(_board(PUZZLE)) == [SOLUTION]
+
+
+def test_fixed_board_solution_and_hand_worked_rewards():
+  env = _env()
+  assert env.solution == SOLUTION
+  assert env.puzzle == _board(PUZZLE)
+  start = [list(row) for row in env.board]
+  invalid = {
+      "1,2,3": "conflict",  # row 1 (and box 1) already has 3
+      "place 1 at row 4 col 2": "conflict",  # column 2 has 1 (r3c2), and box 3
+      "place 4 at row 1 col 2": "wrong",  # conflicts with nothing yet; the solution has 2
+      "1,2,4": "wrong",
+      "place 2 at row 1 col 1": "filled",  # a given
+      "2,3,1": "filled",  # a given holding that very number
+      "5,1,1": "out_of_range",
+      "place 5 at row 1 col 2": "out_of_range",
+      "0,2,2": "out_of_range",
+      "1,0,2": "out_of_range",
+      "put 2 in r1c2": "unparseable",
+      "": "unparseable",
+      "1,2": "unparseable",
+      "place 2 at row 1": "unparseable",
+      "(1,2,2]": "unparseable",  # brackets must match
+  }
+  for action, outcome in invalid.items():
+    obs, reward, done, info = env.step(action)
+    assert (reward, done, info["outcome"]) == (-0.1, False, outcome), action
+    assert env.board == start, action
+    assert obs == env.render() == sudoku.render(start)
+    assert not info["success"] and not info["action_is_effective"]
+    assert info["action_is_valid"] == (outcome not in ("unparseable", "out_of_range"))
+
+  # Correct placements in both syntaxes: +1 each, and +10 more on the one that completes it.
+  rewards = []
+  for i, (r, c) in enumerate(EMPTY):
+    v = SOLUTION[r][c]
+    action = f"place {v} at row {r + 1} col {c + 1}" if i % 2 else f"{r + 1},{c + 1},{v}"
+    _, reward, done, info = env.step(action)
+    rewards.append(reward)
+    assert info["outcome"] == "correct" and info["action_is_effective"] and info["action_is_valid"]
+    assert env.board[r][c] == v
+    assert done == info["success"] == (i == len(EMPTY) - 1)
+  assert rewards == [1.0] * (len(EMPTY) - 1) + [11.0]
+  assert env.board == SOLUTION
+
+  # Stepping a finished episode changes nothing and pays nothing.
+  _, reward, done, info = env.step("1,2,2")
+  assert (reward, done, info["outcome"], info["success"]) == (0.0, True, "finished", True)
+
+
+def test_filled_by_placement_is_filled():
+  env = _env()
+  assert env.step("1,2,2")[1] == 1.0
+  _, reward, _, info = env.step("1,2,2")  # the same correct number again
+  assert (reward, info["outcome"]) == (-0.1, "filled")
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "place 2 at row 1 col 2",
+        "Place 2 at Row 1 Col 2",
+        "  PLACE  2  AT  ROW  1  COL  2  ",
+        "place 2 in row 1, column 2.",
+        "place 2 on row 1 col 2",
+        "place 2 row 1 col 2",
+        "place 2 at (row 1, col 2)",
+        "place 2 at [row 1 column 2]",
+        "place2 at row1 col2",
+        "1,2,2",
+        " 1 , 2 , 2 ",
+        "(1, 2, 2)",
+        "[1,2,2].",
+        "01,2,2",
+    ],
+)
+def test_both_syntaxes_parse(answer):
+  assert sudoku.parse_action(answer) == (1, 2, 2)
+  env = _env()
+  _, reward, _, info = env.step(answer)
+  assert (reward, info["outcome"]) == (1.0, "correct")
+  assert env.board[0][1] == 2
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "place 2 at row 1",
+        "2 at row 1 col 2",
+        "place 2 at row 1 col 2 please",
+        "1 2 2",
+        "1,2,2,3",
+        "1;2;2",
+        "(1,2,2",
+        "place 2 at (row 1 col 2]",
+        "place -2 at row 1 col 2",
+        "1,2,٢",  # not an ASCII digit
+        "r1c2=2",
+    ],
+)
+def test_other_text_does_not_parse(answer):
+  assert sudoku.parse_action(answer) is None
+
+
+def test_format_action_round_trips():
+  assert sudoku.parse_action(sudoku.format_action(3, 4, 1)) == (3, 4, 1)
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_generated_4x4_is_unique_and_expert_solves_it(seed):
+  env = sudoku.Sudoku()
+  env.reset(seed)
+  assert sum(v != 0 for row in env.puzzle for v in row) == sudoku.DEFAULT_GIVENS[4] == 8
+  assert _valid_grid(env.solution)
+  assert _completions(env.puzzle) == [env.solution]  # unique, by the independent enumeration
+  assert sudoku.count_solutions(env.puzzle) == 1
+  rewards, done, turns = [], False, 0
+  while not done:
+    answers, thought = env.expert()
+    assert answers and len(answers) <= env.max_actions_per_turn and thought.endswith(".")
+    turns += 1
+    for answer in answers:
+      _, reward, done, info = env.step(answer)
+      rewards.append(reward)
+      if done:
+        break
+  assert info["success"] and env.board == env.solution
+  assert rewards == [1.0] * (len(rewards) - 1) + [11.0]
+  assert len(rewards) == 16 - 8
+  assert turns == -(-len(rewards) // env.max_actions_per_turn)
+  assert env.expert() == (None, "The board is complete.")
+
+
+def test_reset_is_deterministic_and_seeds_differ():
+  env = sudoku.Sudoku()
+  boards = {}
+  for seed in range(20):
+    first = env.reset(seed)
+    assert env.reset(seed) == first
+    boards[seed] = first
+  assert len(set(boards.values())) > 10
+
+
+@pytest.mark.parametrize("givens", [4, 5, 12, 16])
+def test_4x4_givens_option(givens):
+  for seed in range(10):
+    env = sudoku.Sudoku(givens=givens)
+    env.reset(seed)
+    assert sum(v != 0 for row in env.puzzle for v in row) == givens
+    assert _completions(env.puzzle) == [env.solution]
+
+
+@pytest.mark.parametrize("givens", [None, 30])
+def test_generated_9x9_is_unique(givens):
+  env = sudoku.Sudoku(size=9, givens=givens)
+  want = 36 if givens is None else givens
+  for seed in range(4):
+    env.reset(seed)
+    assert sum(v != 0 for row in env.puzzle for v in row) == want
+    assert _valid_grid(env.solution)
+    assert all(v in (0, env.solution[r][c]) for r in range(9) for c, v in enumerate(env.puzzle[r]))
+    assert sudoku.count_solutions(env.puzzle) == 1
+  # The expert also finishes a 9x9 with only correct placements.
+  rewards, done = [], False
+  while not done:
+    for answer in env.expert()[0]:
+      _, reward, done, _ = env.step(answer)
+      rewards.append(reward)
+      if done:
+        break
+  assert rewards == [1.0] * (81 - want - 1) + [11.0]
+
+
+def test_solver_counts():
+  assert sudoku.count_solutions(_board(PUZZLE)) == 1
+  assert sudoku.count_solutions(_board("1..4\n..1.\n.1..\n4..1")) == 2  # capped at the limit
+  assert len(_completions(_board("1..4\n..1.\n.1..\n4..1"))) >= 2
+  assert sudoku.count_solutions(_board("11..\n....\n....\n....")) == 0  # a repeat
+  assert sudoku.count_solutions(_board("12..\n..3.\n....\n....")) == 0  # r2c1, r2c2 both need 4
+  assert sudoku.count_solutions([[0] * 4 for _ in range(4)], limit=300) == 288
+
+
+def test_options_are_checked():
+  with pytest.raises(ValueError):
+    sudoku.Sudoku(size=6)
+  with pytest.raises(ValueError):
+    sudoku.Sudoku(size=4, givens=3)
+  with pytest.raises(ValueError):
+    sudoku.Sudoku(size=9, givens=82)
+  with pytest.raises(ValueError):
+    sudoku.Sudoku(hints="some")
+  with pytest.raises(ValueError):
+    _env().load("1..4\n..1.\n.1..\n4..1")  # two solutions
+  assert sudoku.Sudoku().hints == "all" and sudoku.Sudoku(size=9).hints == "summary"
+
+
+def test_max_steps_ends_an_unsolved_episode():
+  env = _env(max_steps=2)
+  assert env.step("nonsense")[2] is False
+  _, _, done, info = env.step("1,2,2")
+  assert done and not info["success"]
+
+
+def test_rendering_of_the_module_doc_example():
+  board = _board("1.34\n34.2\n.143\n432.")
+  assert sudoku.render(board) == (
+      "   1 2   3 4\n"
+      "r1 1 . | 3 4\n"
+      "r2 3 4 | . 2\n"
+      "   ----+----\n"
+      "r3 . 1 | 4 3\n"
+      "r4 4 3 | 2 .\n"
+      "Possible numbers: r1c2: 2; r2c3: 1; r3c1: 2; r4c4: 1"
+  )
+  assert sudoku.render(board, "none").count("\n") == 5
+  conflicted = _board("11..\n....\n....\n...1")
+  text = sudoku.render(conflicted, "none")
+  assert text.splitlines()[-1] == "Conflicts: row 1 has 2 1s; box 1 has 2 1s"
+  assert sudoku.render(SOLUTION).count("\n") == 5  # solved: no help line
+
+
+def _digits(observation, n):
+  """The board back from its rendering, read by position (independently of the module)."""
+  rows = [line for line in observation.splitlines() if line.startswith("r")][:n]
+  return [
+      [0 if ch == "." else int(ch) for ch in line[3:].replace("|", "").split()] for line in rows
+  ]
+
+
+@pytest.mark.parametrize("size", [4, 9])
+def test_rendering_shows_every_given_in_place(size):
+  env = sudoku.Sudoku(size=size)
+  for seed in range(5):
+    obs = env.reset(seed)
+    assert _digits(obs, size) == env.puzzle
+    header = obs.splitlines()[0].split()
+    assert header == [str(c) for c in range(1, size + 1)]
+    if size == 9:
+      free = sudoku.candidates(env.puzzle)
+      count, listed = obs.splitlines()[-1].split(" empty cells. Fewest possible numbers: ")
+      assert int(count) == len(free) == 81 - 36
+      shown = [part.split(": ") for part in listed.split("; ")]
+      assert len(shown) == 3
+      fewest = sorted(len(v) for v in free.values())[:3]
+      assert [len(values.split()) for _, values in shown] == fewest
+      for cell, values in shown:
+        r, c = int(cell[1]) - 1, int(cell[3]) - 1
+        assert values == " ".join(map(str, free[(r, c)]))
+      assert len(obs) < 600
+    else:
+      help_line = obs.splitlines()[-1]
+      for (r, c), values in sudoku.candidates(env.puzzle).items():
+        assert f"r{r + 1}c{c + 1}: " + " ".join(map(str, values)) in help_line
+        assert env.solution[r][c] in values
+      assert len(obs) < 400
+
+
+def test_instruction_has_rules_and_examples():
+  text = sudoku.Sudoku().instruction
+  assert "<answer>place 3 at row 1 col 2</answer>" in text and "<answer>1,2,3</answer>" in text
+  assert "2x2 box" in text and "up to 3" in text
+  assert "3x3 box" in sudoku.Sudoku(size=9, max_actions_per_turn=2).instruction
+  assert sudoku.Sudoku().action_names is None
+
+
+def test_expert_needs_a_board():
+  with pytest.raises(RuntimeError):
+    sudoku.Sudoku().expert()
+
+
+def test_expert_reasons_on_the_fixed_board():
+  env = _env(max_actions_per_turn=2)
+  answers, thought = env.expert()
+  # Forced cells first, in reading order: r1c4 and r2c2 each have one number left.
+  assert answers == ["place 4 at row 1 col 4", "place 4 at row 2 col 2"]
+  assert thought == "r1c4 can only be 4; r2c2 can only be 4."
+
+
+_ACTIONS = st.one_of(
+    st.text(max_size=40),
+    st.builds(
+        lambda v, r, c, sep: f"place {v} at row {r}{sep}col {c}",
+        st.integers(-2, 12),
+        st.integers(-2, 12),
+        st.integers(-2, 12),
+        st.sampled_from([" ", ", ", ",", "  "]),
+    ),
+    st.builds(
+        lambda r, c, v: f"{r},{c},{v}",
+        st.integers(-2, 12),
+        st.integers(-2, 12),
+        st.integers(-2, 12),
+    ),
+    st.builds(
+        lambda r, c, v: f"{r},{c},{v}", st.integers(1, 4), st.integers(1, 4), st.integers(1, 4)
+    ),
+)
+
+
+@hypothesis.settings(max_examples=150, deadline=None)
+@hypothesis.given(seed=st.integers(0, 10**6), actions=st.lists(_ACTIONS, max_size=12))
+def test_arbitrary_text_never_raises_or_corrupts(seed, actions):
+  env = sudoku.Sudoku()
+  env.reset(seed)
+  for action in actions:
+    before = [list(row) for row in env.board]
+    obs, reward, done, info = env.step(action)
+    if info["outcome"] == "correct":
+      changed = [(r, c) for r in range(4) for c in range(4) if env.board[r][c] != before[r][c]]
+      assert len(changed) == 1
+      ((r, c),) = changed
+      assert before[r][c] == 0 and env.board[r][c] == env.solution[r][c]
+      assert reward in (1.0, 11.0)
+    else:
+      assert env.board == before
+      assert reward == (0.0 if info["outcome"] == "finished" else -0.1)
+    assert obs == env.render()
+    assert done == info["success"] == (env.board == env.solution)
