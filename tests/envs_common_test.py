@@ -11,7 +11,10 @@ SMALL = {"sokoban": {}, "frozenlake": {}, "bandit": {}}
 
 
 def test_make_errors_name_the_problem():
-  with pytest.raises(ValueError, match=r"valid names: \['bandit', 'frozenlake', 'sokoban'\]"):
+  with pytest.raises(
+      ValueError,
+      match=r"valid names: \['bandit', 'countdown', 'frozenlake', 'math', 'sokoban', 'sudoku'\]",
+  ):
     envs.make("sokobann")
   with pytest.raises(ValueError, match="'dimroom'.*valid options"):
     envs.make("sokoban", dimroom=(6, 6))
