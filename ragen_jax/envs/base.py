@@ -10,6 +10,8 @@ probabilities), so `jax.jit(env.step)` closes over it and `jax.vmap` maps over s
   state = env.from_text(text)                              # inverse of render for the grid format
 
 `info` is a dict of arrays with at least `success`, `action_is_effective` and `action_is_valid`.
+An environment that can demonstrate defines `expert(state) -> (plan as action indices or None,
+short reasoning text)` for one unbatched state: the scripted expert of `ragen_jax.train.demos`.
 Stepping a finished episode is a no-op with zero reward (the batch keeps its static shape while
 other episodes continue). An out-of-range action is a no-op that costs no step and reports
 `action_is_valid=False`.
@@ -17,7 +19,7 @@ other episodes continue). An out-of-range action is a no-op that costs no step a
 
 import abc
 import dataclasses
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Sequence, Tuple
 
 import jax
 from jax import lax
@@ -76,11 +78,6 @@ class Env(abc.ABC):
     whose observation explains the task)."""
     del render_format
     return ""
-
-  def expert(self, state: Any) -> Tuple[Optional[List[int]], str]:
-    """(a good plan as action indices or None, a short reasoning text) for one unbatched
-    state: the scripted demonstrator of `ragen_jax.train.demos`. None: no expert."""
-    raise NotImplementedError(f"environment {self.name!r} has no expert")
 
 
 def flood_fill(seed_HxW: jax.Array, passable_HxW: jax.Array, steps: int) -> jax.Array:

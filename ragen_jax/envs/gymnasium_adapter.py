@@ -20,12 +20,12 @@ given. `render` and `success` may also be "module:attribute" strings (config fil
 """
 
 import dataclasses
-import importlib
 import math
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from ragen_jax.envs import registry
 from ragen_jax.envs import text
 
 Render = Callable[[Any, Any], str]  # (gymnasium env, observation) -> text
@@ -223,10 +223,7 @@ def _builtin(env) -> Optional[_Builtin]:
 def _resolve(value, what: str):
   """A callable, or a "module:attribute" string naming one (config files hold strings)."""
   if isinstance(value, str):
-    module, _, attribute = value.partition(":")
-    if not module or not attribute:
-      raise ValueError(f"{what} string must look like 'package.module:function', got {value!r}.")
-    value = getattr(importlib.import_module(module), attribute)
+    value = registry.import_attribute(value, f"{what} string", "'package.module:function'")
   if not callable(value):
     raise TypeError(f"{what} must be callable, got {type(value).__name__}.")
   return value

@@ -84,26 +84,32 @@ def register(name: str, factory: Callable[..., Any], overwrite: bool = False) ->
   REGISTRY[name] = factory
 
 
+def import_attribute(path: str, what: str, form: str = "'package.module:Name'") -> Any:
+  """The object "package.module:attr.sub" names; a ValueError naming `what` otherwise."""
+  module_name, sep, attr = path.partition(":")
+  if not sep or not module_name or not attr:
+    raise ValueError(f"{what} {path!r} must be {form}")
+  try:
+    module = importlib.import_module(module_name)
+  except Exception as e:  # any import-time error is the path's fault; say which
+    raise ValueError(f"{what} {path!r}: importing {module_name!r} failed: {e!r}") from e
+  value = module
+  for part in attr.split("."):
+    if not hasattr(value, part):
+      raise ValueError(f"{what} {path!r}: {module_name!r} has no attribute {attr!r}")
+    value = getattr(value, part)
+  return value
+
+
 def load_entry(entry: str) -> Callable[..., Any]:
   """The factory an entry names: "package.module:Name" or an http(s) URL of a served env."""
   if entry.startswith(("http://", "https://")):
     from ragen_jax.envs import http_env  # pylint: disable=import-outside-toplevel
 
     return functools.partial(http_env.HttpEnv, entry)
-  module_name, sep, attr = entry.partition(":")
-  if not sep or not module_name or not attr:
-    raise ValueError(
-        f"environment entry {entry!r} must be 'package.module:Name' or an http(s):// URL"
-    )
-  try:
-    module = importlib.import_module(module_name)
-  except Exception as e:  # any import-time error is the entry's fault; say which
-    raise ValueError(f"environment entry {entry!r}: importing {module_name!r} failed: {e!r}") from e
-  factory = module
-  for part in attr.split("."):
-    if not hasattr(factory, part):
-      raise ValueError(f"environment entry {entry!r}: {module_name!r} has no attribute {attr!r}")
-    factory = getattr(factory, part)
+  factory = import_attribute(
+      entry, "environment entry", "'package.module:Name' or an http(s):// URL"
+  )
   if not callable(factory):
     raise ValueError(f"environment entry {entry!r} is not callable")
   return factory

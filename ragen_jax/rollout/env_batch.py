@@ -22,7 +22,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax import distributed
-from ragen_jax.envs import base as env_base
 from ragen_jax.envs import host_pool
 from ragen_jax.envs import registry
 
@@ -144,11 +143,10 @@ class JaxBatch:
 
 
 def has_expert(env) -> bool:
-  """Whether `env`'s episodes can demonstrate: a pure-JAX environment that overrides
-  `Env.expert`, or a text environment whose class defines `expert()`."""
-  if isinstance(env, registry.HostEnv):
-    return callable(getattr(env.factory, "expert", None))
-  return isinstance(env, env_base.Env) and type(env).expert is not env_base.Env.expert
+  """Whether `env`'s episodes can demonstrate: its class (a text environment's factory)
+  defines `expert`."""
+  owner = env.factory if isinstance(env, registry.HostEnv) else env
+  return callable(getattr(owner, "expert", None))
 
 
 class HostBatch:
