@@ -5,20 +5,24 @@ r"""Evaluates a policy on the fixed validation levels, as RAGEN's validation doe
 
 `--checkpoint` is a training run (its workdir, its `checkpoints/` directory or one
 `checkpoints/<step>` directory: the run's own config rebuilds the model and `--config`, when
-given, chooses what is evaluated) or a Hugging Face Qwen2 directory (config.json + safetensors,
-its tokenizer.json when present). Without it, the config's own starting policy is evaluated: the
-tiny preset's shipped warm start, or with `--config.model.warm_start=False` the randomly
-initialised `config.model.preset` (seed `config.seed.init`).
+given, chooses what is evaluated) or a Hugging Face Qwen2 directory (config.json and
+model.safetensors or model.safetensors.index.json, its tokenizer.json when present). A directory
+with `checkpoints/` is a run, whatever else it holds (every workdir has a config.json); one that
+is neither is refused with what it lacks, in one line. Without `--checkpoint`, the config's own
+starting policy is evaluated: the tiny preset's shipped warm start, or with
+`--config.model.warm_start=False` the randomly initialised `config.model.preset` (seed
+`config.seed.init`).
 
 Validation (ragen_jax.train.validation): every environment tag plays `val_groups` groups from
 seeds `seed.val + g`, `rollout.val_group_size` episodes each, at `rollout.val_temperature`
 (RAGEN: 0.5). Prints success rate, pass@k (k = group size), mean return (environment reward
 plus format penalties) and the other rollout metrics, per tag and pooled; writes one JSON line
-per trajectory (messages, success, reward, turns).
+per trajectory (messages, success, reward, turns), UTF-8 and replacing the file whole.
 """
 
 import json
 import os
+import sys
 from typing import Any, Dict, Optional
 
 from absl import app
@@ -27,6 +31,7 @@ from absl import logging
 import jax
 from ml_collections import config_flags
 
+from ragen_jax.models import checkpoint as hf_checkpoint
 from ragen_jax.train import experiment as experiment_lib
 from ragen_jax.train import policy as policy_lib
 from ragen_jax.train import restore
@@ -47,7 +52,7 @@ _OUTPUT = flags.DEFINE_string(
 
 def load_policy(config, checkpoint: Optional[str] = None):
   """(model, tokenizer, config) to evaluate; the config is the run's when `config` is None."""
-  if checkpoint is not None and not os.path.isfile(os.path.join(checkpoint, "config.json")):
+  if checkpoint is not None and checkpoint_kind(checkpoint) == "run":
     model, tok, run_config, step = restore.load_actor(checkpoint)
     logging.info("evaluating step %d of the run in %s", step, checkpoint)
     return model, tok, config if config is not None else run_config
@@ -60,6 +65,27 @@ def load_policy(config, checkpoint: Optional[str] = None):
       config.sft.steps = 0
   model, tok = policy_lib.build(experiment_lib.from_config(config))
   return model, tok, config
+
+
+def checkpoint_kind(path: str) -> str:
+  """What `path` holds, "run" or "hugging_face"; FileNotFoundError naming what it lacks.
+
+  A run's workdir holds a config.json too (its resolved config), so `checkpoints/` decides.
+  """
+  try:
+    restore.locate(path)
+    return "run"
+  except FileNotFoundError:
+    pass
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"--checkpoint {path}: no such directory")
+  missing = hf_checkpoint.missing_files(path)
+  if missing:
+    raise FileNotFoundError(
+        f"--checkpoint {path} is neither a training run (no checkpoints/ directory or step "
+        f"directories) nor a Hugging Face checkpoint (no {', no '.join(missing)})"
+    )
+  return "hugging_face"
 
 
 def evaluate(
@@ -90,7 +116,12 @@ def evaluate(
 def main(argv):
   del argv
   logging.info("jax %s, devices %s", jax.__version__, jax.devices())
-  metrics = evaluate(_CONFIG.value, _CHECKPOINT.value, _OUTPUT.value)
+  try:
+    model, tokenizer, config = load_policy(_CONFIG.value, _CHECKPOINT.value)
+  except (FileNotFoundError, ValueError) as e:  # what the operator passed: one line, no trace
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+  metrics = evaluate(config, output=_OUTPUT.value, model=model, tokenizer=tokenizer)
   print(json.dumps(metrics, indent=1, sort_keys=True))
   logging.info("wrote trajectories to %s", _OUTPUT.value)
 

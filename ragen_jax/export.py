@@ -5,11 +5,13 @@ r"""Exports a training run's actor as a Hugging Face checkpoint that `transforme
 `--checkpoint` is the run's workdir (latest step), its `checkpoints/` directory or one
 `checkpoints/<step>` directory. Writes config.json, model.safetensors (sharded when large) and,
 for the shipped SentencePiece tokenizer, its model file; `AutoModelForCausalLM.from_pretrained
-(out)` then gives the same logits as the trained actor.
+(out)` then gives the same logits as the trained actor. Over an earlier export, the weight files
+of this one replace it whole (`models.save_hf`); a run that cannot be read is refused in one line.
 """
 
 import os
 import shutil
+import sys
 
 from absl import app
 from absl import flags
@@ -48,7 +50,11 @@ def export(checkpoint: str, out: str) -> int:
 
 def main(argv):
   del argv
-  step = export(_CHECKPOINT.value, _OUT.value)
+  try:
+    step = export(_CHECKPOINT.value, _OUT.value)
+  except (FileNotFoundError, ValueError) as e:  # what the operator passed: one line, no trace
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
   logging.info("exported step %d to %s", step, _OUT.value)
   print(f"exported step {step} to {_OUT.value}")
 

@@ -5,7 +5,7 @@
     for step in range(restored_step + 1, total_steps + 1):
       metrics = ...
       tb.scalars(step, metrics)                      # {"train/success": 0.31, ...}
-      tb.text(step, "rollouts/sample", "```\n" + trajectory + "\n```")
+      tb.text(step, "rollouts/sample", logging_utils.code_block(trajectory))
       progress.update(step, metrics)
 
   logging_utils.read_scalars(workdir / "tb")          # {"train/success": [(1, 0.31), ...]}
@@ -18,6 +18,7 @@ bundled TensorFlow stub), so `tensorboard --logdir` shows them as usual: scalars
 import logging
 import math
 import os
+import re
 import sys
 import time
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TextIO
@@ -114,7 +115,8 @@ class SummaryWriter:
     self._add(step, summary_values)
 
   def text(self, step: int, tag: str, text: str) -> None:
-    """A (Markdown) text summary shown by TensorBoard's Text dashboard."""
+    """A (Markdown) text summary shown by TensorBoard's Text dashboard, which renders links and
+    remote images: put text from elsewhere (model replies) in a `code_block`."""
     if not self.enabled:
       return
     tensor = tensor_pb2.TensorProto(
@@ -142,6 +144,16 @@ class SummaryWriter:
 
   def __exit__(self, *exc_info) -> None:
     self.close()
+
+
+def code_block(text: str) -> str:
+  """`text` as a Markdown code block that nothing in it can close: the fence is one backtick
+  longer than the longest backtick run in `text`, so TensorBoard shows it verbatim."""
+  # Python-Markdown deletes STX and ETX (its placeholder marks) before it looks for fences,
+  # which joins the backtick runs on either side of them.
+  runs = re.findall("`+", re.sub("[\x02\x03]", "", text))
+  fence = "`" * max(3, 1 + max(map(len, runs), default=0))
+  return f"{fence}\n{text}\n{fence}"
 
 
 def _event_files(logdir: str) -> List[str]:

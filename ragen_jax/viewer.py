@@ -20,6 +20,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional
 
+from ragen_jax import atomic_write
 from ragen_jax.rollout import prompts
 
 DEFAULT_TITLE = "ragen_jax trajectories"
@@ -206,13 +207,7 @@ def write_html(path: str, episodes: List[Dict[str, Any]], title: str = DEFAULT_T
   Returns:
     `path`.
   """
-  text = page(episodes, title)
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w", encoding="utf-8") as fp:
-    fp.write(text)
-  os.replace(tmp, path)
-  return path
+  return atomic_write.write_text(path, page(episodes, title))
 
 
 def read_jsonl(path: str) -> List[Dict[str, Any]]:

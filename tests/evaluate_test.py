@@ -1,6 +1,7 @@
 """The evaluation entry point: CLI, Hugging Face checkpoints, and the reported numbers.
 
-Uses the debug variants of the shipped configs (tiny random model, a few short episodes).
+Uses the debug variants of the shipped configs (tiny random model, a few short episodes), and one
+workdir made by `launch.py` itself, whose own validation is the reference for evaluating it.
 Dimension legend: B episodes.
 """
 
@@ -15,9 +16,11 @@ import numpy as np
 import pytest
 
 from ragen_jax import evaluate
+from ragen_jax import logging_utils
 from ragen_jax import models
 from ragen_jax.train import experiment
 from ragen_jax.train import launch_utils
+from ragen_jax.train import restore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -31,7 +34,7 @@ def load_config(name, arg="debug"):
 
 
 def read_lines(path):
-  with open(path) as fp:
+  with open(path, encoding="utf-8") as fp:
     return [json.loads(line) for line in fp]
 
 
@@ -110,5 +113,105 @@ def test_hugging_face_checkpoint_evaluates_like_the_same_weights_in_memory(tmp_p
 def test_a_directory_that_is_neither_a_run_nor_hugging_face_is_refused(tmp_path):
   config = load_config("frozenlake")
   (tmp_path / "weights").mkdir()
-  with pytest.raises(FileNotFoundError, match="not a training run"):
+  with pytest.raises(
+      FileNotFoundError, match=r"neither a training run .*\(no config\.json, no model"
+  ):
     evaluate.load_policy(config, str(tmp_path / "weights"))
+  # A workdir whose first checkpoint was never written: its config.json is no model.
+  (tmp_path / "weights" / "config.json").write_text("{}")
+  with pytest.raises(
+      FileNotFoundError,
+      match=r"checkpoints/ directory.*\(no model\.safetensors or model\.safetensors\.index",
+  ):
+    evaluate.load_policy(config, str(tmp_path / "weights"))
+  with pytest.raises(FileNotFoundError, match="no such directory"):
+    evaluate.load_policy(config, str(tmp_path / "nowhere"))
+
+
+def test_cli_refuses_a_damaged_checkpoint_in_one_line(tmp_path):
+  config = load_config("frozenlake")
+  models.save_hf(models.create(config.model.preset, jax.random.key(0)), str(tmp_path))
+  (tmp_path / "tokenizer.json").write_text('{"version": "1.0", "truncated')
+  proc = run_evaluate(f"--checkpoint={tmp_path}", "--config=configs/frozenlake_ppo.py:debug")
+  assert proc.returncode == 2
+  assert proc.stderr.splitlines()[-1].startswith(f"error: {tmp_path / 'tokenizer.json'}: not a")
+  assert "Traceback" not in proc.stderr
+
+
+def run_evaluate(*args, env=None):
+  return subprocess.run(
+      [sys.executable, "-m", "ragen_jax.evaluate", *args],
+      cwd=ROOT,
+      env={**os.environ, **(env or {})},
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
+
+
+@pytest.fixture(scope="module")
+def launched_workdir(tmp_path_factory):
+  """A workdir as `launch.py` leaves it (config.json beside checkpoints/): the bandit smoke
+  run stopped at its starting point, which it validated and saved as step 0."""
+  workdir = tmp_path_factory.mktemp("launched") / "run"
+  proc = subprocess.run(
+      [
+          sys.executable,
+          "launch.py",
+          "--config=configs/bandit_ppo.py:smoke",
+          f"--workdir={workdir}",
+          "--config.trainer.total_steps=0",
+      ],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert {"config.json", "checkpoints", "eval"} <= set(os.listdir(workdir))
+  return workdir
+
+
+def test_cli_evaluates_a_launched_workdir_as_its_run_did(launched_workdir, tmp_path):
+  """Under an ASCII-only locale, to a path with a non-ASCII name: the trajectories are the ones
+  the trainer wrote at that step, byte for byte, and the printed numbers follow from them."""
+  out = tmp_path / "eval √.jsonl"
+  ascii_locale = {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+  proc = run_evaluate(f"--checkpoint={launched_workdir}", f"--output={out}", env=ascii_locale)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert out.read_bytes() == (launched_workdir / "eval" / "step_0.jsonl").read_bytes()
+  summary = json.loads(proc.stdout[proc.stdout.index("{") :])
+  lines = read_lines(out)
+  assert summary["val/num_episodes"] == len(lines) == 4
+  assert summary["val/success"] == pytest.approx(np.mean([l["success"] for l in lines]))
+  logged = logging_utils.read_scalars(launched_workdir)["val/success"]
+  assert logged == [(0, pytest.approx(summary["val/success"]))]
+
+
+def test_an_export_over_an_earlier_one_evaluates_like_the_run(launched_workdir, tmp_path):
+  out = tmp_path / "hf"
+  other = models.create("tiny", jax.random.key(7))
+  models.save_hf(other, str(out), max_shard_bytes=2**20)  # an earlier export, in shards
+  assert len(os.listdir(out)) > 3
+  proc = subprocess.run(
+      [
+          sys.executable,
+          "-m",
+          "ragen_jax.export",
+          f"--checkpoint={launched_workdir}",
+          f"--out={out}",
+      ],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
+  assert proc.returncode == 0 and "exported step 0" in proc.stdout, proc.stderr[-3000:]
+  assert sorted(os.listdir(out)) == [
+      "config.json",
+      "model.safetensors",
+      "ragen_sentencepiece.model",
+  ]
+  run_config = restore.run_config(str(launched_workdir))[0]
+  evaluate.evaluate(run_config, checkpoint=str(out), output=str(tmp_path / "hf.jsonl"))
+  assert read_lines(tmp_path / "hf.jsonl") == read_lines(launched_workdir / "eval" / "step_0.jsonl")

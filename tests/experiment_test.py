@@ -44,6 +44,16 @@ def test_every_config_validates(path, variant):
   assert all(e.train_groups >= 1 for e in exp.envs)
 
 
+@pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
+def test_every_config_validates_at_real_model_scale(path, tmp_path):
+  """The values the model and hardware variants write pass every range check too."""
+  (tmp_path / "config.json").write_text("{}")  # all from_config asks of a checkpoint directory
+  config = launch_utils.load_config_file(path + ":model=qwen2.5-3b,hw=h100")
+  config.model.checkpoint = str(tmp_path)
+  exp = experiment.from_config(config)
+  assert exp.ppo.critic == "shared" and exp.ppo.vf_coef == 0.1 and exp.model.remat
+
+
 def test_starpo_s_filters_without_kl_and_clips_higher():
   exp = experiment.from_config(load("sokoban_starpo_s"))
   assert exp.ppo.filter_strategy == "top_k" and exp.ppo.filter_value == 0.25

@@ -6,6 +6,7 @@ in tokenizer_config.json); transformers' AutoTokenizer is the reference.
 """
 
 import json
+import re
 
 import pytest
 import tokenizers as hf_tokenizers
@@ -157,3 +158,21 @@ def test_subpackage_does_not_shadow_huggingface_tokenizers():
 
   assert hf.hf_tokenizers is hf_tokenizers
   assert hf.hf_tokenizers.__name__ == "tokenizers"
+
+
+@pytest.mark.parametrize(
+    "name, damage, message",
+    [
+        ("tokenizer.json", lambda b: b[: len(b) // 2], "not a tokenizer the tokenizers package"),
+        ("tokenizer.json", lambda b: b"<html>404</html>", "not a tokenizer the tokenizers package"),
+        ("tokenizer.json", lambda b: b"{}", "not a tokenizer the tokenizers package"),
+        ("tokenizer_config.json", lambda b: b[: len(b) // 2], "not valid JSON"),
+        ("tokenizer_config.json", lambda b: b'"eos"', "expected a JSON object, got str"),
+    ],
+)
+def test_a_damaged_tokenizer_file_is_named(tokenizer_dir, tmp_path, name, damage, message):
+  for file in ("tokenizer.json", "tokenizer_config.json"):
+    data = open(f"{tokenizer_dir}/{file}", "rb").read()
+    (tmp_path / file).write_bytes(damage(data) if file == name else data)
+  with pytest.raises(ValueError, match=re.escape(f"{tmp_path / name}: {message}")):
+    tokenizers.load(str(tmp_path))

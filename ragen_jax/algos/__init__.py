@@ -5,6 +5,7 @@ Shapes follow `ragen_jax.batch`: B episodes, T tokens.
 """
 
 from ragen_jax.algos.advantages import brpo_advantages
+from ragen_jax.algos.advantages import compute_bi_level_gae
 from ragen_jax.algos.advantages import compute_gae
 from ragen_jax.algos.advantages import explained_variance
 from ragen_jax.algos.advantages import group_mean_std

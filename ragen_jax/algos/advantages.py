@@ -1,4 +1,5 @@
-"""Advantage estimators: GAE with observation skipping, GRPO and the outcome family.
+"""Advantage estimators: GAE with observation skipping, bi-level (turn, token) GAE, GRPO and the
+outcome family.
 
 Follows veRL's mathematics (shared/reference/rl_math.md §1.1, §2, §3) as pinned by RAGEN.
 Every function is pure jnp and jit-able; none of them carries gradient in the trainer.
@@ -51,13 +52,37 @@ def masked_whiten(x, mask):
   return (x - mu) * lax.rsqrt(var + WHITEN_EPS)
 
 
-def compute_gae(token_rewards_BxT, values_BxT, response_mask_BxT, gamma=1.0, lam=1.0):
-  """GAE of current veRL: masked (observation / padding) positions are skipped.
-
-  Backward over t with carries nv ("next value") and g ("last GAE"), both 0 at t = T:
+def _gae_scan(rewards_BxT, values_BxT, valid_BxT, gamma, lam, reset_BxT=None):
+  """Raw (unwhitened) masked-skip GAE, backward over t with carries nv ("next value") and g
+  ("last GAE"), both 0 at t = T:
+    reset_t: nv ← 0, g ← 0 first (the bootstrap ends there: a turn's last token)
     δ_t = r_t + γ·nv − V_t,   cand_t = δ_t + γλ·g
-    m_t = 1: nv ← V_t, g ← cand_t;   m_t = 0: carries unchanged
+    valid_t: nv ← V_t, g ← cand_t;   otherwise the carries pass unchanged
     Â_t = g (after the update)
+  """
+  if reset_BxT is None:
+    reset_BxT = jnp.zeros(valid_BxT.shape, bool)
+
+  def step(carry, xs):
+    next_value_B, last_gae_B = carry
+    r_B, v_B, m_B, reset_B = xs
+    next_value_B = jnp.where(reset_B, 0.0, next_value_B)
+    last_gae_B = jnp.where(reset_B, 0.0, last_gae_B)
+    delta_B = r_B + gamma * next_value_B - v_B
+    cand_B = delta_B + gamma * lam * last_gae_B
+    next_value_B = jnp.where(m_B, v_B, next_value_B)
+    last_gae_B = jnp.where(m_B, cand_B, last_gae_B)
+    return (next_value_B, last_gae_B), last_gae_B
+
+  zeros_B = jnp.zeros(rewards_BxT.shape[0], jnp.float32)
+  xs = (rewards_BxT.T, values_BxT.T, valid_BxT.T, reset_BxT.T)
+  _, gae_TxB = lax.scan(step, (zeros_B, zeros_B), xs, reverse=True)
+  return gae_TxB.T
+
+
+def compute_gae(token_rewards_BxT, values_BxT, response_mask_BxT, gamma=1.0, lam=1.0):
+  """GAE of current veRL: masked (observation / padding) positions are skipped (`_gae_scan`).
+
   So γ is applied once across a block of observation tokens, rewards and values at masked
   positions are ignored, a masked position holds the advantage of the next valid token (0 if
   none) and the bootstrap after the last valid token is 0.
@@ -66,24 +91,46 @@ def compute_gae(token_rewards_BxT, values_BxT, response_mask_BxT, gamma=1.0, lam
     (advantages_BxT, returns_BxT): advantages = masked_whiten(Â, m) (batch-global, unbiased,
     eps 1e-8); returns = Â + V, taken before whitening (finite junk at masked positions).
   """
+  values = values_BxT.astype(jnp.float32)
+  valid = response_mask_BxT > 0
+  raw_adv_BxT = _gae_scan(token_rewards_BxT.astype(jnp.float32), values, valid, gamma, lam)
+  return masked_whiten(raw_adv_BxT, valid), raw_adv_BxT + values
+
+
+def turn_ends(response_mask_BxT):
+  """True at the last sampled token of each turn: a valid position whose successor is not."""
+  valid = response_mask_BxT > 0
+  next_valid = jnp.pad(valid[:, 1:], ((0, 0), (0, 1)))
+  return valid & ~next_valid
+
+
+def compute_bi_level_gae(
+    token_rewards_BxT, values_BxT, response_mask_BxT, gamma=1.0, lam=1.0, high_level_gamma=0.95
+):
+  """RAGEN's bi-level GAE, with turns taken from the response mask.
+
+  Turn level: GAE over the turns' last tokens e_1 < ... < e_K with discount `high_level_gamma`
+  (γ_H), each turn's reward r_e (the reward on its last token) and the value there:
+    δ_k = r_{e_k} + γ_H·V_{e_{k+1}} − V_{e_k},  g_k = δ_k + γ_H·λ·g_{k+1},  R̂_k = g_k + V_{e_k}.
+  Token level: GAE inside each turn (γ, λ), the turn's last token earning R̂_k with no bootstrap
+  beyond it, so every token of turn k is credited with that turn's return.
+
+  Turns are the response mask's runs of sampled tokens. RAGEN finds them as the positions with a
+  non-zero reward instead, which with its required `use_turn_scores=False` leaves one position
+  and reduces the estimator to plain GAE; here a turn without reward is still a turn, so the
+  critic learns a value per turn with or without per-turn rewards.
+
+  Returns:
+    (advantages_BxT, returns_BxT) as `compute_gae`: whitened advantages, and Â + V.
+  """
   rewards = token_rewards_BxT.astype(jnp.float32)
   values = values_BxT.astype(jnp.float32)
   valid = response_mask_BxT > 0
-
-  def step(carry, xs):
-    next_value_B, last_gae_B = carry
-    r_B, v_B, m_B = xs
-    delta_B = r_B + gamma * next_value_B - v_B
-    cand_B = delta_B + gamma * lam * last_gae_B
-    next_value_B = jnp.where(m_B, v_B, next_value_B)
-    last_gae_B = jnp.where(m_B, cand_B, last_gae_B)
-    return (next_value_B, last_gae_B), last_gae_B
-
-  zeros_B = jnp.zeros(rewards.shape[0], jnp.float32)
-  _, gae_TxB = lax.scan(step, (zeros_B, zeros_B), (rewards.T, values.T, valid.T), reverse=True)
-  raw_adv_BxT = gae_TxB.T
-  returns_BxT = raw_adv_BxT + values
-  return masked_whiten(raw_adv_BxT, valid), returns_BxT
+  ends_BxT = turn_ends(response_mask_BxT)
+  turn_gae_BxT = _gae_scan(rewards, values, ends_BxT, high_level_gamma, lam)
+  turn_rewards_BxT = jnp.where(ends_BxT, turn_gae_BxT + values, rewards)
+  raw_adv_BxT = _gae_scan(turn_rewards_BxT, values, valid, gamma, lam, reset_BxT=ends_BxT)
+  return masked_whiten(raw_adv_BxT, valid), raw_adv_BxT + values
 
 
 def _same_group_BxB(group_ids_B, valid_B):

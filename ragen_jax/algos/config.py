@@ -7,11 +7,15 @@ Dimensions: none here (scalars only); B in `check_batch` is the number of episod
 """
 
 import dataclasses
+from typing import Annotated
 
 from ragen_jax.algos.filtering import STRATEGIES
 from ragen_jax.algos.losses import AGG_MODES, KL_KINDS
+from ragen_jax.config_checks import check_fields, check_value, Range
+from ragen_jax.config_checks import NonNegativeFloat, PositiveFloat, PositiveInt, UnitFloat
 
-ADV_ESTIMATORS = ("gae", "grpo", "brpo", "arpo", "drgrpo")
+ADV_ESTIMATORS = ("gae", "bi_level_gae", "grpo", "brpo", "arpo", "drgrpo")
+CRITIC_ESTIMATORS = ("gae", "bi_level_gae")
 FILTER_METRICS = ("reward_variance", "reward", "reward_sum")
 
 
@@ -20,9 +24,11 @@ class PPOConfig:
   """StarPO / PPO update settings.
 
   Attributes:
-    adv_estimator: "gae" (PPO with critic), or critic-free "grpo" (group mean/std), "drgrpo"
-      (group mean only), "brpo" (batch mean/std), "arpo" (raw score).
+    adv_estimator: "gae" (PPO with critic), "bi_level_gae" (PPO with critic, turn-level GAE then
+      token-level GAE inside each turn: advantages.compute_bi_level_gae), or critic-free "grpo"
+      (group mean/std), "drgrpo" (group mean only), "brpo" (batch mean/std), "arpo" (raw score).
     gamma, lam: GAE discount and trace parameters.
+    high_level_gamma: bi_level_gae's discount across turns (RAGEN 0.95).
     clip_low, clip_high, clip_c: PPO ratio clip range [1 − low, 1 + high] and dual-clip c > 1.
     agg_mode: loss aggregation (losses.AGG_MODES), shared by actor and critic.
     loss_scale_factor: the fixed divisor of "seq-mean-token-sum-norm" (Dr.GRPO); None uses the
@@ -50,71 +56,57 @@ class PPOConfig:
   """
 
   adv_estimator: str = "gae"
-  gamma: float = 1.0
-  lam: float = 1.0
-  clip_low: float = 0.2
-  clip_high: float = 0.28
-  clip_c: float = 3.0
+  gamma: UnitFloat = 1.0
+  lam: UnitFloat = 1.0
+  high_level_gamma: UnitFloat = 0.95
+  clip_low: Annotated[float, Range(0, 1, open_low=True, open_high=True)] = 0.2
+  clip_high: PositiveFloat = 0.28
+  clip_c: Annotated[float, Range(1, open_low=True)] = 3.0
   agg_mode: str = "token-mean"
+  # > 0, checked in __post_init__ (an Annotated type would break the config's None placeholder)
   loss_scale_factor: float | None = None
-  entropy_coeff: float = 0.001
+  entropy_coeff: NonNegativeFloat = 0.001
   use_kl_loss: bool = False
-  kl_coef: float = 0.0
+  kl_coef: NonNegativeFloat = 0.0
   kl_type: str = "k1"
-  ppo_epochs: int = 1
-  num_minibatches: int = 4
-  micro_batches: int = 1
+  ppo_epochs: PositiveInt = 1
+  num_minibatches: PositiveInt = 4
+  micro_batches: PositiveInt = 1
   shuffle: bool = True
-  actor_lr: float = 1e-6
-  critic_lr: float = 1e-5
-  weight_decay: float = 0.01
-  grad_clip: float = 1.0
-  value_clip: float = 0.5
+  actor_lr: PositiveFloat = 1e-6
+  critic_lr: PositiveFloat = 1e-5
+  weight_decay: NonNegativeFloat = 0.01
+  grad_clip: PositiveFloat = 1.0
+  value_clip: PositiveFloat = 0.5
   critic: str = "separate"
-  vf_coef: float = 1.0
-  temperature: float = 1.0
+  vf_coef: NonNegativeFloat = 1.0
+  temperature: PositiveFloat = 1.0
   recompute_old_logprobs: bool = True
   positive_advantages_only: bool = False
   filter_strategy: str = "top_p"
-  filter_value: float = 1.0
+  filter_value: PositiveFloat = 1.0  # min_p: also <= 1
   filter_metric: str = "reward_variance"
   filter_type: str = "largest"
   filter_include_zero: bool = True
   filter_prob_mode: str = "linear"
-  filter_eps: float = 0.01
-  vocab_chunk: int = 8192
+  filter_eps: NonNegativeFloat = 0.01
+  vocab_chunk: PositiveInt = 8192
 
   def __post_init__(self):
+    check_fields(self, "ppo")
+    if self.loss_scale_factor is not None:
+      check_value("ppo.loss_scale_factor", self.loss_scale_factor, PositiveFloat)
+
     def check(ok, msg):
       if not ok:
-        raise ValueError(f"PPOConfig: {msg}")
+        raise ValueError(f"ppo.{msg}")
 
     check(
         self.adv_estimator in ADV_ESTIMATORS,
         f"adv_estimator must be one of {ADV_ESTIMATORS}, got {self.adv_estimator!r}",
     )
-    check(
-        0.0 <= self.gamma <= 1.0 and 0.0 <= self.lam <= 1.0,
-        f"gamma and lam must lie in [0, 1], got {self.gamma}, {self.lam}",
-    )
-    check(0.0 < self.clip_low < 1.0, f"clip_low must lie in (0, 1), got {self.clip_low}")
-    check(self.clip_high > 0.0, f"clip_high must be > 0, got {self.clip_high}")
-    check(self.clip_c > 1.0, f"clip_c (dual clip) must be > 1, got {self.clip_c}")
     check(self.agg_mode in AGG_MODES, f"agg_mode must be one of {AGG_MODES}, got {self.agg_mode!r}")
-    check(
-        self.loss_scale_factor is None or self.loss_scale_factor > 0,
-        f"loss_scale_factor must be None or > 0, got {self.loss_scale_factor}",
-    )
     check(self.kl_type in KL_KINDS, f"kl_type must be one of {KL_KINDS}, got {self.kl_type!r}")
-    check(
-        self.entropy_coeff >= 0.0 and self.kl_coef >= 0.0, "entropy_coeff and kl_coef must be >= 0"
-    )
-    for name in ("ppo_epochs", "num_minibatches", "micro_batches", "vocab_chunk"):
-      value = getattr(self, name)
-      check(isinstance(value, int) and value >= 1, f"{name} must be a positive int, got {value!r}")
-    for name in ("actor_lr", "critic_lr", "grad_clip", "value_clip", "temperature"):
-      check(getattr(self, name) > 0.0, f"{name} must be > 0, got {getattr(self, name)}")
-    check(self.weight_decay >= 0.0, f"weight_decay must be >= 0, got {self.weight_decay}")
     check(
         self.critic in ("separate", "shared"),
         f"critic must be 'separate' or 'shared', got {self.critic!r}",
@@ -143,13 +135,15 @@ class PPOConfig:
         ),
         "top_p in linear mode supports filter_type='largest' only",
     )
-    check(self.filter_value > 0.0, f"filter_value must be > 0, got {self.filter_value}")
     if self.filter_strategy == "min_p":
-      check(self.filter_value <= 1.0, "min_p filter_value must lie in (0, 1]")
+      check(
+          self.filter_value <= 1.0,
+          f"filter_value must lie in (0, 1] for min_p, got {self.filter_value}",
+      )
 
   @property
   def uses_critic(self):
-    return self.adv_estimator == "gae"
+    return self.adv_estimator in CRITIC_ESTIMATORS
 
   def check_batch(self, batch_size):
     """Raises ValueError unless batch_size splits into minibatches and micro-batches."""

@@ -262,9 +262,12 @@ def advantages(cfg: PPOConfig, sel: Selection, old: OldPass) -> Advantages:
   values_BxT = None
   if old.values_BxT is not None:  # GAE with the critic's values as the baseline
     values_BxT = old.values_BxT * maskf_BxT  # the critic's values are 0 at masked positions
-    adv_BxT, returns_BxT = adv_lib.compute_gae(
-        batch.token_rewards_BxT, values_BxT, mask_BxT, cfg.gamma, cfg.lam
+    gae = (
+        functools.partial(adv_lib.compute_bi_level_gae, high_level_gamma=cfg.high_level_gamma)
+        if cfg.adv_estimator == "bi_level_gae"
+        else adv_lib.compute_gae
     )
+    adv_BxT, returns_BxT = gae(batch.token_rewards_BxT, values_BxT, mask_BxT, cfg.gamma, cfg.lam)
     skipped = (~jnp.any(sel.keep_B)) | (n_tokens < 2)  # whitening needs two valid tokens
   else:
     adv_BxT, returns_BxT = adv_lib.outcome_advantages(

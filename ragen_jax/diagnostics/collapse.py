@@ -18,6 +18,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import jax
 import numpy as np
 
+from ragen_jax.config_checks import check_fields, NonNegativeInt, PositiveInt
 from ragen_jax.diagnostics import mutual_info
 from ragen_jax.diagnostics import scoring
 from ragen_jax.diagnostics import turns as turns_lib
@@ -30,19 +31,13 @@ _SAMPLERS = {"first_turn": turns_lib.first_turn_sample, "multi_turn": turns_lib.
 class CollapseConfig:
   """When and how much of RAGEN-2's MI family to compute (defaults: RAGEN-2's)."""
 
-  compute_freq: int = 5  # every N steps and at step 1; 0 turns the MI family off
-  num_samples: int = 64  # first-turn pairs, drawn without replacement
-  multi_turn_samples: int = 64  # multi-turn draws; each is a column, so cost grows as N^2
-  micro_batch: int = 64  # (x, z) pairs per jitted scoring call
+  compute_freq: NonNegativeInt = 5  # every N steps and at step 1; 0 turns the MI family off
+  num_samples: PositiveInt = 64  # first-turn pairs, drawn without replacement
+  multi_turn_samples: PositiveInt = 64  # multi-turn draws; each is a column, so cost grows as N^2
+  micro_batch: PositiveInt = 64  # (x, z) pairs per jitted scoring call
 
   def __post_init__(self):
-    for name in ("compute_freq", "num_samples", "multi_turn_samples", "micro_batch"):
-      value = getattr(self, name)
-      if not isinstance(value, int) or value < (0 if name == "compute_freq" else 1):
-        raise ValueError(
-            f"diagnostics.{name} must be a positive integer "
-            f"(compute_freq may be 0), got {value!r}"
-        )
+    check_fields(self, "diagnostics")
 
   def due(self, step: int) -> bool:
     return self.compute_freq > 0 and (step == 1 or step % self.compute_freq == 0)

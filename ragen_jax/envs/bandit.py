@@ -14,6 +14,7 @@ from flax import struct
 import jax
 import jax.numpy as jnp
 
+from ragen_jax.config_checks import check_fields, FiniteFloat, UnitFloat
 from ragen_jax.envs import base
 
 # RAGEN's arm-name pairs (low-risk name, high-risk name).
@@ -74,18 +75,15 @@ class Bandit(base.Env):
   action_names = ("first arm", "second arm")
 
   split: str = "train"
-  lo_arm_score: float = 0.1
-  hi_arm_hiscore: float = 1.0
-  hi_arm_loscore: float = 0.0
-  hi_arm_hiscore_prob: float = 0.25
+  lo_arm_score: FiniteFloat = 0.1
+  hi_arm_hiscore: FiniteFloat = 1.0
+  hi_arm_loscore: FiniteFloat = 0.0
+  hi_arm_hiscore_prob: UnitFloat = 0.25
 
   def __post_init__(self):
+    check_fields(self, self.name)
     if self.split not in ARM_NAMES:
       raise ValueError(f"bandit split must be one of {sorted(ARM_NAMES)}, got {self.split!r}.")
-    if not 0.0 <= self.hi_arm_hiscore_prob <= 1.0:
-      raise ValueError(
-          f"bandit hi_arm_hiscore_prob must be in [0, 1], got " f"{self.hi_arm_hiscore_prob}."
-      )
 
   @property
   def pairs(self) -> Tuple[Tuple[str, str], ...]:

@@ -41,6 +41,7 @@ import random
 from fractions import Fraction
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ragen_jax.config_checks import check_arguments, FiniteFloat
 from ragen_jax.envs import text
 
 MAX_CHARS = 1000  # longer answers are rejected before tokenizing: the work stays bounded
@@ -348,8 +349,8 @@ class Countdown(text.TextEnv):
       min_number: int = 1,
       max_number: int = 20,
       max_target: int = 100,
-      score: float = 1.0,
-      format_score: float = 0.1,
+      score: FiniteFloat = 1.0,
+      format_score: FiniteFloat = 0.1,
   ):
     """num_numbers: numbers per level (2..6); min_number, max_number: their range (1..999999,
     writable within the parser's 6 digits); max_target: targets lie in [1, max_target];
@@ -360,9 +361,7 @@ class Countdown(text.TextEnv):
     _check_int("max_number", max_number, min_number, limit)
     # With n equal numbers x, (x + ... + x) / x = n - 1 (n - 1 terms): a level always exists.
     _check_int("max_target", max_target, num_numbers - 1, limit)
-    for name, value in (("score", score), ("format_score", format_score)):
-      if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    check_arguments(Countdown, {"score": score, "format_score": format_score}, "")
     self.num_numbers, self.min_number, self.max_number = num_numbers, min_number, max_number
     self.max_target = max_target
     self.score, self.format_score = float(score), float(format_score)

@@ -11,7 +11,7 @@ Reaching the goal pays 1 and ends the episode; a hole ends it with 0; `max_steps
 
 import collections
 import dataclasses
-from typing import Dict, List, Optional, Tuple
+from typing import Annotated, Dict, List, Optional, Tuple
 
 from flax import struct
 import jax
@@ -19,6 +19,7 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
+from ragen_jax.config_checks import check_fields, PositiveInt, Range, UnitFloat
 from ragen_jax.envs import base
 
 # Row/column deltas for action indices 0..3 = Left, Down, Right, Up (gymnasium's order, so the
@@ -68,22 +69,15 @@ class FrozenLake(base.Env):
   name = "frozenlake"
   action_names = ("Left", "Down", "Right", "Up")
 
-  size: int = 4
-  p: float = 0.9  # probability that a tile is frozen (not a hole)
-  success_rate: float = 0.8  # probability that a move goes the intended way
+  size: Annotated[int, Range(2)] = 4
+  p: Annotated[float, Range(0, 1, open_low=True)] = 0.9  # P(a tile is frozen, not a hole)
+  success_rate: UnitFloat = 0.8  # probability that a move goes the intended way
   is_slippery: bool = True
-  max_steps: int = 100
-  num_candidates: int = 8  # maps drawn per round; the first valid one is used
+  max_steps: PositiveInt = 100
+  num_candidates: PositiveInt = 8  # maps drawn per round; the first valid one is used
 
   def __post_init__(self):
-    if self.size < 2:
-      raise ValueError(f"frozenlake size must be at least 2, got {self.size}.")
-    if not 0.0 < self.p <= 1.0:
-      raise ValueError(f"frozenlake p must be in (0, 1], got {self.p}.")
-    if not 0.0 <= self.success_rate <= 1.0:
-      raise ValueError(f"frozenlake success_rate must be in [0, 1], got {self.success_rate}.")
-    if self.max_steps < 1 or self.num_candidates < 1:
-      raise ValueError("frozenlake max_steps and num_candidates must be positive.")
+    check_fields(self, self.name)
 
   @property
   def grid_vocab(self) -> Dict[str, str]:

@@ -54,6 +54,7 @@ import re
 import threading
 from typing import Dict, List, Optional, Tuple
 
+from ragen_jax.config_checks import check_arguments, PositiveInt
 from ragen_jax.envs import text
 from ragen_jax.envs.reasoning_gym_adapter import CORRECT_FEEDBACK
 from ragen_jax.envs.reasoning_gym_adapter import DEFAULT_INSTRUCTION
@@ -175,12 +176,11 @@ class MathEnv(text.TextEnv):
   def __init__(
       self,
       path: Optional[str] = None,
-      max_attempts: int = 3,
+      max_attempts: PositiveInt = 3,
       instruction: Optional[str] = None,
   ):
-    if int(max_attempts) < 1:
-      raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
-    self.max_attempts = int(max_attempts)
+    check_arguments(MathEnv, {"max_attempts": max_attempts}, "")
+    self.max_attempts = max_attempts
     self.questions = load_questions(path)  # here, so a bad file fails at construction
     self.instruction = (
         default_instruction(self.max_attempts) if instruction is None else instruction

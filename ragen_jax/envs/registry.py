@@ -16,6 +16,7 @@ import importlib
 import inspect
 from typing import Any, Callable, Dict, Optional, Tuple
 
+from ragen_jax.config_checks import check_arguments, check_fields, PositiveFloat
 from ragen_jax.envs import base
 from ragen_jax.envs.bandit import Bandit
 from ragen_jax.envs.countdown import Countdown
@@ -51,13 +52,12 @@ class HostEnv:
   options: Tuple[Tuple[str, Any], ...] = ()
   pool: str = "thread"
   workers: Optional[int] = None
-  step_timeout_s: float = 60.0
+  step_timeout_s: PositiveFloat = 60.0
 
   def __post_init__(self):
     if self.pool not in POOL_MODES:
       raise ValueError(f"environment pool {self.pool!r} is not one of {POOL_MODES}")
-    if not self.step_timeout_s > 0:
-      raise ValueError(f"step_timeout_s must be > 0, got {self.step_timeout_s}")
+    check_fields(self, self.name)
 
   def bound(self) -> Callable[[], Any]:
     """The zero-argument factory of one instance (picklable when `factory` is)."""
@@ -145,7 +145,8 @@ def option_defaults(factory: Callable[..., Any]) -> Dict[str, Any]:
 
 
 def check_options(factory: Callable[..., Any], options: Dict[str, Any], label: str) -> None:
-  """Raises a ValueError when `factory` cannot be called with `options` as keywords."""
+  """Raises a ValueError when `factory` cannot be called with `options` as keywords, or one
+  lies outside the range its annotation declares (`ragen_jax.config_checks`)."""
   if is_jax(factory):
     base.check_options(factory, options)
     return
@@ -157,6 +158,7 @@ def check_options(factory: Callable[..., Any], options: Dict[str, Any], label: s
     signature.bind(**options)
   except TypeError as e:
     raise ValueError(f"environment {label!r} does not take options {sorted(options)}: {e}") from e
+  check_arguments(factory, options, label)  # a text environment is built per episode, later
 
 
 def make(

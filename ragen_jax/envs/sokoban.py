@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ragen_jax.config_checks import check_fields, check_value, FiniteFloat, PositiveInt
 from ragen_jax.envs import base
 from ragen_jax.envs import sokoban_generator
 
@@ -88,25 +89,25 @@ class Sokoban(base.Env):
 
   dim_room: Tuple[int, int] = (6, 6)
   num_boxes: int = 1
-  max_steps: int = 100
-  search_depth: int = 40  # steps of each reverse walk (RAGEN: the reverse DFS depth)
-  num_reverse_walks: int = 32  # parallel reverse walks per room
+  max_steps: PositiveInt = 100
+  search_depth: PositiveInt = 40  # steps of each reverse walk (RAGEN: the reverse DFS depth)
+  num_reverse_walks: PositiveInt = 32  # parallel reverse walks per room
   num_gen_steps: Optional[int] = None  # topology walk; None -> int(1.7 * (H + W))
-  num_candidates: int = 4  # rooms drawn per try (RAGEN: 4 topology tries)
-  step_reward: float = -0.1
-  box_on_target_reward: float = 1.0
-  solved_reward: float = 10.0
+  num_candidates: PositiveInt = 4  # rooms drawn per try (RAGEN: 4 topology tries)
+  step_reward: FiniteFloat = -0.1
+  box_on_target_reward: FiniteFloat = 1.0
+  solved_reward: FiniteFloat = 10.0
 
   def __post_init__(self):
+    check_fields(self, self.name)
+    if self.num_gen_steps is not None:
+      check_value(f"{self.name}.num_gen_steps", self.num_gen_steps, PositiveInt)
     object.__setattr__(self, "dim_room", tuple(int(d) for d in self.dim_room))
     h, w = self.dim_room
     if h < 4 or w < 4:
       raise ValueError(f"sokoban dim_room must be at least (4, 4), got {self.dim_room}.")
     if not 1 <= self.num_boxes <= (h - 2) * (w - 2) - 2:
       raise ValueError(f"sokoban num_boxes={self.num_boxes} does not fit a {h}x{w} room.")
-    for field in ("max_steps", "search_depth", "num_reverse_walks", "num_candidates"):
-      if getattr(self, field) < 1:
-        raise ValueError(f"sokoban {field} must be positive, got {getattr(self, field)}.")
 
   @property
   def grid_vocab(self) -> Dict[str, str]:

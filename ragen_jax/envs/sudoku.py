@@ -59,6 +59,7 @@ import random
 import re
 from typing import Dict, List, Optional, Tuple
 
+from ragen_jax.config_checks import check_arguments, PositiveInt
 from ragen_jax.envs import text
 
 Board = List[List[int]]  # rows of numbers, 0 = empty
@@ -324,7 +325,7 @@ class Sudoku(text.TextEnv):
       self,
       size: int = 4,
       givens: Optional[int] = None,
-      max_actions_per_turn: int = 3,
+      max_actions_per_turn: PositiveInt = 3,
       max_steps: Optional[int] = None,
       hints: Optional[str] = None,
   ):
@@ -337,8 +338,7 @@ class Sudoku(text.TextEnv):
     self.givens = DEFAULT_GIVENS[size] if givens is None else givens
     if not MIN_GIVENS[size] <= self.givens <= size * size:
       raise ValueError(f"givens must be in [{MIN_GIVENS[size]}, {size * size}], got {givens}")
-    if max_actions_per_turn < 1:
-      raise ValueError(f"max_actions_per_turn must be positive, got {max_actions_per_turn}")
+    check_arguments(Sudoku, {"max_actions_per_turn": max_actions_per_turn}, "")
     self.max_actions_per_turn = max_actions_per_turn
     self.max_steps = max_steps
     self.hints = hints or ("all" if size == 4 else "summary")

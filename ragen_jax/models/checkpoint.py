@@ -6,15 +6,19 @@ time from the memory-mapped safetensors files and moved to the device before
 the next one is read. Host memory peaks at one stacked parameter (e.g. all
 layers' gate kernels), never a second copy of the model.
 
+A directory's weights are the files transformers reads there (`weight_files`: model.safetensors
+before model.safetensors.index.json); an export over an earlier one leaves only its own set of
+weight files (`save_hf`). A damaged or incomplete file raises an error that names it.
+
 Dimension legend: L layers, D model dim, H query heads, K kv heads,
 Dh head dim, V vocab, F mlp dim. Hugging Face Linear weights are [out, in];
 ours are [in, ...out] with heads split out.
 """
 
 import contextlib
-import glob
 import json
 import os
+import re
 from typing import Callable, Iterator
 
 from flax import nnx
@@ -24,12 +28,17 @@ import numpy as np
 from safetensors import safe_open
 import safetensors.numpy
 
+from ragen_jax import atomic_write
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.qwen2 import Qwen2
 from ragen_jax.models.qwen2 import Qwen2Critic
 
 # Tensors that may be in a checkpoint and carry nothing we need.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# transformers' names for the weights of a local checkpoint directory.
+WEIGHTS_NAME = "model.safetensors"
+INDEX_NAME = "model.safetensors.index.json"
+_SHARD_NAME = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
 
 
 def _layer_specs(c: ModelConfig):
@@ -67,22 +76,86 @@ def _layer_specs(c: ModelConfig):
   ]
 
 
+def weight_files(path: str) -> list[str]:
+  """The safetensors files of a checkpoint directory, chosen as transformers chooses them.
+
+  model.safetensors wins over model.safetensors.index.json when both are present (transformers'
+  `from_pretrained` checks it first); an index names its shards in its weight_map. Empty when
+  the directory has neither.
+
+  Raises:
+    ValueError: the index is not JSON with a weight_map of file names.
+    FileNotFoundError: a shard the index names is missing.
+  """
+  if os.path.isfile(os.path.join(path, WEIGHTS_NAME)):
+    return [os.path.join(path, WEIGHTS_NAME)]
+  index_path = os.path.join(path, INDEX_NAME)
+  if not os.path.isfile(index_path):
+    return []
+  weight_map = read_json_file(index_path).get("weight_map")
+  if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+    raise ValueError(f"{index_path}: no weight_map of tensor names to file names")
+  files = [os.path.join(path, name) for name in sorted(set(weight_map.values()))]
+  for file in files:
+    if not os.path.isfile(file):
+      raise FileNotFoundError(f"{index_path} names {os.path.basename(file)}, which is missing")
+  return files
+
+
+def missing_files(path: str) -> list[str]:
+  """What `path` lacks to be a Hugging Face checkpoint that load_hf reads: [] when nothing."""
+  missing = []
+  if not os.path.isfile(os.path.join(path, "config.json")):
+    missing.append("config.json")
+  if not any(os.path.isfile(os.path.join(path, n)) for n in (WEIGHTS_NAME, INDEX_NAME)):
+    missing.append(f"{WEIGHTS_NAME} or {INDEX_NAME}")
+  return missing
+
+
+def read_json_file(path: str) -> dict:
+  """The JSON object in a checkpoint's file; ValueError naming the file when it holds anything
+  else."""
+  try:
+    with open(path, encoding="utf-8") as fp:
+      value = json.load(fp)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ValueError(f"{path}: not valid JSON ({e})") from None
+  if not isinstance(value, dict):
+    raise ValueError(f"{path}: expected a JSON object, got {type(value).__name__}")
+  return value
+
+
+def read_config(path: str, **overrides) -> ModelConfig:
+  """The ModelConfig of a checkpoint directory's config.json (overrides as in from_hf_dict).
+
+  Raises:
+    FileNotFoundError: no config.json.
+    ValueError: config.json is not JSON, lacks a key or holds what Qwen2 cannot be; the message
+      names the file.
+  """
+  config_path = os.path.join(path, "config.json")
+  if not os.path.isfile(config_path):
+    raise FileNotFoundError(f"no config.json in {path}")
+  values = read_json_file(config_path)
+  try:
+    return ModelConfig.from_hf_dict(values, **overrides)
+  except ValueError as e:
+    raise ValueError(f"{config_path}: {e}") from None
+
+
 class _TensorReader:
-  """Name -> tensor over all safetensors files of a checkpoint directory."""
+  """Name -> tensor over the safetensors files of a checkpoint directory (`weight_files`)."""
 
   def __init__(self, path: str, stack: contextlib.ExitStack):
-    index_path = os.path.join(path, "model.safetensors.index.json")
-    if os.path.exists(index_path):
-      with open(index_path, encoding="utf-8") as fp:
-        weight_map = json.load(fp)["weight_map"]
-      files = sorted(set(weight_map.values()))
-    else:
-      files = sorted(os.path.basename(p) for p in glob.glob(os.path.join(path, "*.safetensors")))
+    files = weight_files(path)
     if not files:
-      raise FileNotFoundError(f"no *.safetensors files in {path}")
+      raise FileNotFoundError(f"no {WEIGHTS_NAME} or {INDEX_NAME} in {path}")
     self._handles = {}
-    for name in files:
-      handle = stack.enter_context(safe_open(os.path.join(path, name), framework="np"))
+    for file in files:
+      try:
+        handle = stack.enter_context(safe_open(file, framework="np"))
+      except safetensors.SafetensorError as e:
+        raise ValueError(f"{file}: not a complete safetensors file ({e})") from None
       for key in handle.keys():
         self._handles[key] = handle
     self.unused = set(self._handles)
@@ -133,7 +206,8 @@ def load_hf(
 
   Args:
     path: directory with config.json and model.safetensors, or sharded
-      model-*.safetensors with model.safetensors.index.json. Local only.
+      model-*.safetensors with model.safetensors.index.json (`weight_files`
+      says which when both are there). Local only.
     dtype: activation dtype.
     param_dtype: parameter dtype; defaults to `dtype`.
     critic: return a Qwen2Critic (decoder from the checkpoint, zero value head).
@@ -145,12 +219,11 @@ def load_hf(
     The Qwen2 (or Qwen2Critic) module with the checkpoint's weights.
 
   Raises:
-    ValueError: a tensor is missing, unexpected, or has the wrong shape.
+    FileNotFoundError: config.json or the weights are missing.
+    ValueError: a damaged file (named); a tensor is missing, unexpected, or has the wrong shape.
   """
-  with open(os.path.join(path, "config.json"), encoding="utf-8") as fp:
-    hf_config = json.load(fp)
   param_dtype = dtype if param_dtype is None else param_dtype
-  config = ModelConfig.from_hf_dict(hf_config, dtype=dtype, remat=remat, param_dtype=param_dtype)
+  config = read_config(path, dtype=dtype, remat=remat, param_dtype=param_dtype)
   cls = Qwen2Critic if critic else Qwen2
   model = nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0)))
   np_dtype = np.dtype(config.param_dtype)
@@ -204,12 +277,34 @@ def _hf_tensors(model: Qwen2) -> Iterator[tuple[str, np.ndarray]]:
     yield "lm_head.weight", np.ascontiguousarray(np.asarray(model.lm_head[...]).T)
 
 
+def _place_shards(out_dir: str, shards: list[tuple[str, list[str]]]) -> set[str]:
+  """Renames the staged (temporary file, tensor names) into transformers' file names, with the
+  index when there are several; returns the names of the files now in place."""
+  if len(shards) == 1:
+    os.replace(shards[0][0], os.path.join(out_dir, WEIGHTS_NAME))
+    return {WEIGHTS_NAME}
+  weight_map, total = {}, 0
+  for i, (tmp, names) in enumerate(shards):
+    final = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+    os.replace(tmp, os.path.join(out_dir, final))
+    total += os.path.getsize(os.path.join(out_dir, final))
+    weight_map.update({name: final for name in names})
+  index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+  atomic_write.write_text(os.path.join(out_dir, INDEX_NAME), json.dumps(index, indent=2))
+  return {INDEX_NAME, *weight_map.values()}
+
+
 def save_hf(model: Qwen2, out_dir: str, *, max_shard_bytes: int = 4 * 2**30) -> None:
   """Writes config.json and safetensors that `transformers` loads as Qwen2.
 
   Tensors keep the model's param_dtype. Checkpoints larger than
   `max_shard_bytes` are split into model-0000i-of-0000n.safetensors plus
   model.safetensors.index.json, as transformers does.
+
+  Over an earlier export the directory ends with one set of weight files: the new files are
+  written under temporary names and renamed into place first, config.json after them, and only
+  then are the earlier set's files that the new set does not replace removed. An interrupted
+  export leaves a complete set (the earlier one where model.safetensors still wins).
 
   Args:
     model: a Qwen2 causal LM.
@@ -219,36 +314,32 @@ def save_hf(model: Qwen2, out_dir: str, *, max_shard_bytes: int = 4 * 2**30) -> 
   if not isinstance(model, Qwen2):
     raise TypeError(f"save_hf expects a Qwen2 causal LM, got {type(model).__name__}")
   os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as fp:
-    json.dump(model.config.to_hf_dict(), fp, indent=2)
-
   shards, current, size = [], {}, 0
-  tmp_names = []
 
-  def flush():
-    name = f"shard-{len(tmp_names):05d}.tmp"
-    safetensors.numpy.save_file(current, os.path.join(out_dir, name), metadata={"format": "pt"})
-    tmp_names.append(name)
-    shards.append(list(current))
+  def stage():
+    shards.append(
+        (os.path.join(out_dir, f"shard-{len(shards):05d}.tmp{os.getpid()}"), list(current))
+    )
+    safetensors.numpy.save_file(current, shards[-1][0], metadata={"format": "pt"})
 
-  for name, array in _hf_tensors(model):
-    if current and size + array.nbytes > max_shard_bytes:
-      flush()
-      current, size = {}, 0
-    current[name] = array
-    size += array.nbytes
-  flush()
-  del current
-
-  n = len(tmp_names)
-  if n == 1:
-    os.replace(os.path.join(out_dir, tmp_names[0]), os.path.join(out_dir, "model.safetensors"))
-    return
-  weight_map, total = {}, 0
-  for i, (tmp, names) in enumerate(zip(tmp_names, shards)):
-    final = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
-    os.replace(os.path.join(out_dir, tmp), os.path.join(out_dir, final))
-    total += os.path.getsize(os.path.join(out_dir, final))
-    weight_map.update({name: final for name in names})
-  with open(os.path.join(out_dir, "model.safetensors.index.json"), "w", encoding="utf-8") as fp:
-    json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, fp, indent=2)
+  try:
+    for name, array in _hf_tensors(model):
+      if current and size + array.nbytes > max_shard_bytes:
+        stage()
+        current, size = {}, 0
+      current[name] = array
+      size += array.nbytes
+    stage()
+    del current
+    written = _place_shards(out_dir, shards)
+  finally:  # A failed export leaves no temporary files behind.
+    for tmp, _ in shards:
+      if os.path.exists(tmp):
+        os.remove(tmp)
+  atomic_write.write_text(
+      os.path.join(out_dir, "config.json"), json.dumps(model.config.to_hf_dict(), indent=2)
+  )
+  for name in os.listdir(out_dir):
+    is_weights = name in (WEIGHTS_NAME, INDEX_NAME) or _SHARD_NAME.fullmatch(name)
+    if is_weights and name not in written:
+      os.remove(os.path.join(out_dir, name))

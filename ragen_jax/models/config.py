@@ -16,6 +16,16 @@ import jax.numpy as jnp
 SENTENCEPIECE_VOCAB_SIZE = 2048
 
 
+# config.json keys without which a Qwen2 decoder has no shape (the others have defaults).
+_HF_REQUIRED_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Shapes and numerics of a Qwen2-architecture decoder.
@@ -111,8 +121,12 @@ class ModelConfig:
       The ModelConfig.
 
     Raises:
-      ValueError: for a model type or feature this implementation lacks.
+      ValueError: a required key is missing, or a model type or feature this implementation
+        lacks.
     """
+    missing = [k for k in _HF_REQUIRED_KEYS if k not in d]
+    if missing:
+      raise ValueError(f"missing required key(s) {', '.join(map(repr, missing))}")
     model_type = d.get("model_type", "qwen2")
     if model_type != "qwen2":
       raise ValueError(f"model_type {model_type!r} is not supported (only 'qwen2')")

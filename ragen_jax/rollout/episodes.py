@@ -5,12 +5,14 @@ Dimension legend: B episodes.
 """
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Annotated, Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from ragen_jax import sampling
 from ragen_jax.batch import RolloutBatch
+from ragen_jax.config_checks import check_fields, FiniteFloat, PositiveFloat
+from ragen_jax.config_checks import NonNegativeInt, PositiveInt, Range
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,52 +24,36 @@ class RolloutConfig:
   read by validation (`for_validation`), not by the engine.
   """
 
-  env_groups: int = 8  # groups; each shares one start state
-  group_size: int = 16  # episodes per group (sharing a start state)
-  max_turns: int = 5  # agent turns per episode (agent_proxy.max_turn)
-  max_actions_per_turn: int = 2  # answer words kept per turn
-  max_actions_per_traj: int = 10  # action budget of an episode
+  env_groups: PositiveInt = 8  # groups; each shares one start state
+  group_size: PositiveInt = 16  # episodes per group (sharing a start state)
+  max_turns: PositiveInt = 5  # agent turns per episode (agent_proxy.max_turn)
+  max_actions_per_turn: PositiveInt = 2  # answer words kept per turn
+  max_actions_per_traj: PositiveInt = 10  # action budget of an episode
   action_sep: str = "||"  # separator between actions in <answer>
-  format_penalty: float = -0.1  # per turn with a missing tag, unknown or no action
-  unchanged_penalty: float = 0.0  # per training turn after which the state reads as before
-  # (not RAGEN; validation rewards never carry it)
+  format_penalty: FiniteFloat = -0.1  # per turn with a missing tag, unknown or no action
+  unchanged_penalty: FiniteFloat = 0.0  # per training turn after which the state reads as
+  # before (not RAGEN; validation rewards never carry it)
   enable_think: bool = True  # <think>...</think><answer>...</answer> format
-  max_new_tokens: int = 400  # sampled tokens per turn (RAGEN response_length)
-  max_context: int = 3600  # tokens of a whole conversation (RAGEN max_model_len)
-  max_turn_tokens: int = 512  # longest appended user turn (sizes the KV cache slack)
-  temperature: float = 1.0  # training rollout temperature
-  top_p: float = 1.0  # nucleus mass (1 = off)
-  top_k: int = 0  # top-k (0 = off)
+  max_new_tokens: PositiveInt = 400  # sampled tokens per turn (RAGEN response_length)
+  max_context: PositiveInt = 3600  # tokens of a whole conversation (RAGEN max_model_len)
+  max_turn_tokens: PositiveInt = 512  # longest appended user turn (sizes the KV cache slack)
+  temperature: PositiveFloat = 1.0  # training rollout temperature (log-probs divide by it)
+  top_p: Annotated[float, Range(0, 1, open_low=True)] = 1.0  # nucleus mass (1 = off)
+  top_k: NonNegativeInt = 0  # top-k (0 = off)
   render_format: str = "grid"  # grid | coord | grid_coord
-  max_tokens_hint: int = 100  # the prompt's "Max response length: N words (tokens)."
+  max_tokens_hint: PositiveInt = 100  # the prompt's "Max response length: N words (tokens)."
   use_turn_scores: bool = False  # also put each turn's reward on its last token
   instruction: str | None = None  # None: the environment's own (RAGEN's for the built-in ones)
-  val_group_size: int = 1  # validation episodes per group (pass@k, k = this)
-  val_temperature: float = 0.5  # RAGEN's evaluation temperature
-  val_batch_groups: int = 64  # validation groups played per batch (memory bound)
+  val_group_size: PositiveInt = 1  # validation episodes per group (pass@k, k = this)
+  val_temperature: PositiveFloat = 0.5  # RAGEN's evaluation temperature
+  val_batch_groups: PositiveInt = 64  # validation groups played per batch (memory bound)
 
   PER_TAG = ("render_format", "max_actions_per_traj", "max_tokens_hint")
 
   def __post_init__(self):
-    for name in (
-        "env_groups",
-        "group_size",
-        "max_turns",
-        "max_actions_per_turn",
-        "max_actions_per_traj",
-        "max_tokens_hint",
-        "max_new_tokens",
-        "max_turn_tokens",
-        "val_group_size",
-        "val_batch_groups",
-    ):
-      value = getattr(self, name)
-      if not isinstance(value, int) or value < 1:
-        raise ValueError(f"rollout.{name} must be an integer >= 1, got {value!r}")
-    if self.max_context <= self.max_new_tokens:
+    check_fields(self, "rollout")
+    if not self.max_context > self.max_new_tokens:
       raise ValueError("rollout.max_context must exceed rollout.max_new_tokens")
-    if self.temperature <= 0 or self.val_temperature < 0:
-      raise ValueError("rollout.temperature must be > 0 and rollout.val_temperature >= 0")
 
   def for_validation(self) -> "RolloutConfig":
     """Validation plays `val_group_size` episodes per group at `val_temperature`, with RAGEN's

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 # Absolute import of the Hugging Face package, not this ragen_jax subpackage.
 import tokenizers as hf_tokenizers
 
+from ragen_jax.models import checkpoint as hf_checkpoint
 from ragen_jax.tokenizers import base
 
 
@@ -47,14 +48,23 @@ class HFTokenizer(base.Tokenizer):
 
     Returns:
       The tokenizer.
+
+    Raises:
+      FileNotFoundError: no tokenizer.json.
+      ValueError: tokenizer.json or tokenizer_config.json is damaged (the message names it).
     """
     tok_path = os.path.join(path, "tokenizer.json")
     if not os.path.exists(tok_path):
       raise FileNotFoundError(f"no tokenizer.json in {path}")
+    try:
+      tokenizer = hf_tokenizers.Tokenizer.from_file(tok_path)
+    except Exception as e:  # pylint: disable=broad-except
+      # The Rust library raises a bare Exception for any file it cannot parse.
+      raise ValueError(f"{tok_path}: not a tokenizer the tokenizers package reads ({e})") from None
     config = {}
-    if os.path.exists(os.path.join(path, "tokenizer_config.json")):
-      with open(os.path.join(path, "tokenizer_config.json"), encoding="utf-8") as fp:
-        config = json.load(fp)
+    config_path = os.path.join(path, "tokenizer_config.json")
+    if os.path.exists(config_path):
+      config = hf_checkpoint.read_json_file(config_path)
     template = config.get("chat_template")
     if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]
       named = {t["name"]: t["template"] for t in template}
@@ -63,7 +73,7 @@ class HFTokenizer(base.Tokenizer):
     if os.path.exists(jinja_path):  # transformers v5 writes it separately.
       with open(jinja_path, encoding="utf-8") as fp:
         template = fp.read()
-    return cls(hf_tokenizers.Tokenizer.from_file(tok_path), config, template)
+    return cls(tokenizer, config, template)
 
   def _id_of(self, configured: Any, fallback: str) -> int:
     text = _token_text(configured) or fallback

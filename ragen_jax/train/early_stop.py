@@ -19,6 +19,8 @@ stored in checkpoint metadata, so a resumed run continues the same streaks.
 import dataclasses
 from typing import Any, Dict, List
 
+from ragen_jax.config_checks import check_fields, PositiveInt, UnitFloat
+
 MODES = ("stop", "warn", "off")
 RULES = ("reward_std_collapse", "low_val_success", "empty_filter")
 
@@ -26,35 +28,22 @@ RULES = ("reward_std_collapse", "low_val_success", "empty_filter")
 @dataclasses.dataclass(frozen=True)
 class EarlyStopConfig:
   reward_std_collapse: str = "stop"
-  reward_std_baseline_steps: int = 10
-  reward_std_patience: int = 10
-  reward_std_ratio: float = 0.1
+  reward_std_baseline_steps: PositiveInt = 10
+  reward_std_patience: PositiveInt = 10
+  reward_std_ratio: UnitFloat = 0.1
   low_val_success: str = "stop"
-  low_val_threshold: float = 0.01
-  low_val_patience: int = 5
+  low_val_threshold: UnitFloat = 0.01  # a success rate
+  low_val_patience: PositiveInt = 5
   empty_filter: str = "stop"
-  empty_filter_patience: int = 5
+  empty_filter_patience: PositiveInt = 5
 
   def __post_init__(self):
+    check_fields(self, "early_stop")
     for rule in RULES:
       if getattr(self, rule) not in MODES:
         raise ValueError(
             f"early_stop.{rule} must be one of {MODES}, got " f"{getattr(self, rule)!r}"
         )
-    for name in (
-        "reward_std_baseline_steps",
-        "reward_std_patience",
-        "low_val_patience",
-        "empty_filter_patience",
-    ):
-      if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-        raise ValueError(
-            f"early_stop.{name} must be an integer >= 1, got " f"{getattr(self, name)!r}"
-        )
-    if not 0.0 <= self.reward_std_ratio <= 1.0:
-      raise ValueError(
-          f"early_stop.reward_std_ratio must be in [0, 1], got " f"{self.reward_std_ratio}"
-      )
 
 
 @dataclasses.dataclass(frozen=True)

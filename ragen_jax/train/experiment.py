@@ -9,9 +9,11 @@ one-line comment there); `ragen_jax.config_sections` derives the ConfigDict sect
 `configs/*.py` from these fields, and `from_config` is construction (`Cls(**section)`, each
 class checking its own values in `__post_init__`) plus the checks that span sections: model
 preset or checkpoint directory, that every environment builds with its options, and that the
-training batch splits into minibatches and micro-batches. What depends on the devices present
-(the mesh's shape, sizes that must divide it) is checked by `sharding.Sharder` when the run
-starts, still before anything compiles.
+training batch splits into minibatches and micro-batches. Every numeric knob, an environment's
+options included, declares its range in its annotation (`ragen_jax.config_checks`), so a NaN, an
+infinity or a value out of range fails here with its key named. What depends on the devices
+present (the mesh's shape, sizes that must divide it) is checked by `sharding.Sharder` when the
+run starts, still before anything compiles.
 """
 
 import dataclasses
@@ -22,6 +24,8 @@ from ragen_jax import algos
 from ragen_jax import envs
 from ragen_jax import models
 from ragen_jax import rollout as rollout_lib
+from ragen_jax.config_checks import check_arguments, check_fields, NonNegativeInt
+from ragen_jax.config_checks import PositiveFloat, PositiveInt, UnitFloat
 from ragen_jax.diagnostics import CollapseConfig
 from ragen_jax.envs import base as env_base
 from ragen_jax.sharding import MeshSpec
@@ -33,13 +37,6 @@ _DTYPES = ("float32", "bfloat16", "float16")
 
 def _fail(msg):
   raise ValueError(f"config: {msg}")
-
-
-def _positive(section, obj, names, minimum=1):
-  for name in names:
-    value = getattr(obj, name)
-    if not isinstance(value, int) or value < minimum:
-      _fail(f"{section}.{name} must be an integer >= {minimum}, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,16 +52,19 @@ class EnvSpec:
   # replaces `name` (no registration needed)
   options: Tuple[Tuple[str, Any], ...] = ()  # keyword arguments of the environment
   val_options: Tuple[Tuple[str, Any], ...] = ()  # overrides of `options` for validation
-  train_groups: int = 8  # env groups of this tag per training step
-  val_groups: int = 64  # validation groups (group g plays the level of seed.val + g)
-  sft_batches: int = 1  # demonstration batches of this tag per round of the SFT mix
+  train_groups: PositiveInt = 8  # env groups of this tag per training step
+  val_groups: PositiveInt = 64  # validation groups (group g plays the level of seed.val + g)
+  sft_batches: PositiveInt = 1  # demonstration batches of this tag per round of the SFT mix
   pool: str = "thread"  # text environments: step in threads, or "process" (CPU-bound ones)
-  workers: int = 0  # processes of the "process" pool (0: one per CPU core)
-  step_timeout_s: float = 60.0  # a text environment's reset or turn that takes longer fails
-  max_env_errors: float = 0.25  # stop the run when a larger share of a rollout's episodes
+  workers: NonNegativeInt = 0  # processes of the "process" pool (0: one per CPU core)
+  step_timeout_s: PositiveFloat = 60.0  # a text environment's reset or turn taking longer fails
+  max_env_errors: UnitFloat = 0.25  # stop the run when a larger share of a rollout's episodes
   # end in an environment fault (env_error), before training on them
   per_tag: Tuple[Tuple[str, Any], ...] = ()  # RolloutConfig.PER_TAG values of this tag
   tag: str = ""  # the section's name in config.envs (set by from_config)
+
+  def __post_init__(self):
+    check_fields(self, f"envs.{self.tag or self.label}")
 
   def make(self, validation: bool = False):
     """The environment: a pure-JAX `envs.Env`, or an `envs.HostEnv` for a text environment."""
@@ -110,22 +110,28 @@ class ModelSpec:
 class TrainerSpec:
   """The run's schedule."""
 
-  total_steps: int = 200  # training steps (RAGEN total_training_steps)
-  eval_every: int = 10  # validation every N steps, and at step 0 (RAGEN test_freq)
-  save_every: int = 10  # checkpoint every N steps (and at the end)
-  keep_checkpoints: int = 3  # newest checkpoints kept
-  sample_trajectories: int = 3  # validation trajectories logged as text per evaluation
-  pad_multiple: int = 256  # training sequences padded to a multiple of this, so the
+  total_steps: NonNegativeInt = 200  # training steps (RAGEN total_training_steps)
+  eval_every: PositiveInt = 10  # validation every N steps, and at step 0 (RAGEN test_freq)
+  save_every: PositiveInt = 10  # checkpoint every N steps (and at the end)
+  keep_checkpoints: PositiveInt = 3  # newest checkpoints kept
+  sample_trajectories: NonNegativeInt = 3  # validation trajectories logged as text each time
+  pad_multiple: PositiveInt = 256  # training sequences padded to a multiple of this, so the
   # train step compiles once per length bucket
+
+  def __post_init__(self):
+    check_fields(self, "trainer")
 
 
 @dataclasses.dataclass(frozen=True)
 class SeedSpec:
   """Seeds; every random choice of a run derives from these (train.keys)."""
 
-  train: int = 10000  # first training level seed (advances by groups per step)
-  val: int = 123  # first validation level seed
-  init: int = 0  # model init, sampling and shuffling keys
+  train: NonNegativeInt = 10000  # first training level seed (advances by groups per step)
+  val: NonNegativeInt = 123  # first validation level seed
+  init: NonNegativeInt = 0  # model init, sampling and shuffling keys
+
+  def __post_init__(self):
+    check_fields(self, "seed")
 
 
 # Section name -> (dataclass, fields that are not config keys). The PPO temperature is the
@@ -192,24 +198,26 @@ def _env_spec(tag: str, section) -> EnvSpec:
   if values["render_format"] not in env_base.RENDER_FORMATS:
     _fail(f"{where}.render_format {values['render_format']!r} not in " f"{env_base.RENDER_FORMATS}")
   per_tag = tuple((k, values.pop(k)) for k in rollout_lib.RolloutConfig.PER_TAG)
-  spec = EnvSpec(
-      **{
-          **values,
-          "options": _hashable(values["options"]),
-          "val_options": _hashable(values["val_options"]),
-      },
-      per_tag=per_tag,
-      tag=tag,
-  )
-  _positive(where, spec, ("train_groups", "val_groups", "sft_batches"))
-  _positive(where, spec, ("workers",), minimum=0)
-  if not 0.0 <= spec.max_env_errors <= 1.0:
-    _fail(f"{where}.max_env_errors must lie in [0, 1], got {spec.max_env_errors}")
   try:
+    spec = EnvSpec(
+        **{
+            **values,
+            "options": _hashable(values["options"]),
+            "val_options": _hashable(values["val_options"]),
+        },
+        per_tag=per_tag,
+        tag=tag,
+    )
+    # The ranges the environment declares for its options, checked here under their config
+    # keys (a text environment is only built when a rollout starts).
+    factory = envs.registry.resolve(spec.name, spec.entry)
+    for key in ("options", "val_options"):
+      check_arguments(factory, dict(getattr(spec, key)), f"{where}.{key}")
     spec.make()
     spec.make(validation=True)
   except (TypeError, ValueError) as e:
-    _fail(f"{where}: {e}")
+    message = str(e)  # a message naming its key already needs no prefix
+    _fail(message if message.startswith(f"{where}.") else f"{where}: {message}")
   return spec
 
 

@@ -6,7 +6,6 @@ configs/warm_start_sft.py fine-tuned on expert demonstrations, in ragen_jax/asse
 preset initialised from `seed.init`.
 """
 
-import json
 import os
 
 from absl import logging
@@ -28,8 +27,7 @@ def model_config(exp) -> models.ModelConfig:
     checkpoint = WARM_START_DIR
   if checkpoint is None:
     return models.get_config(exp.model.preset)
-  with open(os.path.join(checkpoint, "config.json"), encoding="utf-8") as fp:
-    return models.ModelConfig.from_hf_dict(json.load(fp))
+  return models.checkpoint.read_config(checkpoint)
 
 
 def build(exp, sharder=None):

@@ -26,6 +26,8 @@ import optax
 from ragen_jax import rollout as rollout_lib
 from ragen_jax.algos.logprobs import sequence_logprobs
 from ragen_jax.algos.step_records import copy_tree
+from ragen_jax.config_checks import check_fields, NonNegativeFloat, NonNegativeInt
+from ragen_jax.config_checks import PositiveFloat, PositiveInt, UnitFloat
 from ragen_jax.train import demos
 from ragen_jax.train import keys
 
@@ -34,31 +36,19 @@ from ragen_jax.train import keys
 class SFTConfig:
   """Fine-tuning knobs (validated here; the config file's `sft` section maps onto them)."""
 
-  steps: int = 0  # optimizer steps (0 = no warm start)
-  batch_size: int = 16  # sequences per step
-  lr: float = 1e-3  # AdamW peak learning rate (linear warm-up, cosine decay)
-  warmup_steps: int = 20
-  weight_decay: float = 0.0
-  grad_clip: float = 1.0
-  random_prob: float = 0.25  # share of demonstration actions replaced by random ones
-  undo_prob: float = 0.0  # share of two-action replies that take back their first move
-  seed: int = 1000000  # first level seed of the demonstrations (apart from train/val)
-  pad_multiple: int = 128  # sequences are padded to a multiple of this
+  steps: NonNegativeInt = 0  # optimizer steps (0 = no warm start)
+  batch_size: PositiveInt = 16  # sequences per step
+  lr: PositiveFloat = 1e-3  # AdamW peak learning rate (linear warm-up, cosine decay)
+  warmup_steps: NonNegativeInt = 20
+  weight_decay: NonNegativeFloat = 0.0
+  grad_clip: PositiveFloat = 1.0
+  random_prob: UnitFloat = 0.25  # share of demonstration actions replaced by random ones
+  undo_prob: UnitFloat = 0.0  # share of two-action replies that take back their first move
+  seed: NonNegativeInt = 1000000  # first level seed of the demonstrations (apart from train/val)
+  pad_multiple: PositiveInt = 128  # sequences are padded to a multiple of this
 
   def __post_init__(self):
-    for name in ("steps", "warmup_steps"):
-      if getattr(self, name) < 0:
-        raise ValueError(f"sft.{name} must be >= 0, got {getattr(self, name)}")
-    for name in ("batch_size", "pad_multiple"):
-      if getattr(self, name) < 1:
-        raise ValueError(f"sft.{name} must be >= 1, got {getattr(self, name)}")
-    for name in ("lr", "grad_clip"):
-      if getattr(self, name) <= 0:
-        raise ValueError(f"sft.{name} must be > 0, got {getattr(self, name)}")
-    if not 0.0 <= self.random_prob <= 1.0:
-      raise ValueError(f"sft.random_prob must lie in [0, 1], got {self.random_prob}")
-    if not 0.0 <= self.undo_prob <= 1.0:
-      raise ValueError(f"sft.undo_prob must lie in [0, 1], got {self.undo_prob}")
+    check_fields(self, "sft")
 
 
 @flax.struct.dataclass

@@ -16,6 +16,8 @@ from typing import Any, Dict, List, Tuple
 import jax
 import numpy as np
 
+from ragen_jax import atomic_write
+from ragen_jax import logging_utils
 from ragen_jax import rollout as rollout_lib
 from ragen_jax import viewer
 from ragen_jax.train import keys
@@ -94,19 +96,20 @@ def write_outputs(
 
 
 def write_jsonl(path: str, episodes: List[Dict[str, Any]]) -> None:
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path, "w", encoding="utf-8") as fp:
-    for ep in episodes:
-      fp.write(json.dumps(ep, ensure_ascii=False) + "\n")
+  """One JSON line per episode, UTF-8 whatever the locale, replacing `path` whole."""
+  atomic_write.write_text(
+      path, "".join(json.dumps(ep, ensure_ascii=False) + "\n" for ep in episodes)
+  )
 
 
 def markdown(episodes: List[Dict[str, Any]]) -> str:
-  """Trajectories as TensorBoard text: a header line and the conversation in a code block."""
+  """Trajectories as TensorBoard text: a header line and the conversation in a code block that
+  no model reply can close (logging_utils.code_block), so none renders as links or images."""
   parts = []
   for ep in episodes:
     body = "\n".join(f"[{m['role']}]\n{m['content']}" for m in ep["messages"][1:])
     parts.append(
         f"**{ep['env']} seed {ep['seed']}**: success {ep['success']}, reward "
-        f"{ep['reward']:.2f}, turns {ep['turns']}\n\n```\n{body}\n```"
+        f"{ep['reward']:.2f}, turns {ep['turns']}\n\n{logging_utils.code_block(body)}"
     )
   return "\n\n".join(parts)
