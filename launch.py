@@ -4,7 +4,11 @@ Overrides: --config.section.key=value (e.g. --config.trainer.total_steps=100); a
 not exist fails at once with the valid keys named. Variants (ragen_jax/config_sections.py),
 joined by commas: configs/sokoban_ppo.py:smoke, configs/sokoban_ppo.py:model=qwen2.5-3b,hw=h100
 --config.model.checkpoint=/path/to/Qwen2.5-3B-Instruct (or the shorthand :qwen2.5-3b-h100).
-Running the same command again resumes from the workdir's latest checkpoint.
+Running the same command again resumes from the workdir's latest checkpoint; a config changed
+from the checkpoint's (beyond the schedule, cadences and stopping rules) is refused unless
+--allow_config_change. Ctrl-C or SIGTERM (a scheduler's preemption) finishes the current step,
+saves it and exits 0; a second one aborts. Errors an operator can fix end in one line,
+`error: <message>`, and exit status 2 (the command) or 3 (the run; launch_utils).
 
 Multi-process: the same command on every process, with --coordinator_address=host:port
 --num_processes=N --process_id=i, or none of them under SLURM / on a TPU pod / with
@@ -38,6 +42,12 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (0 
 _LOCAL_DEVICES = flags.DEFINE_string(
     "local_device_ids", None, "Comma-separated local devices of this process."
 )
+_ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
+    "allow_config_change",
+    False,
+    "Resume the workdir's run even though this config changes keys its checkpoints were "
+    "trained under (each change is logged as a warning).",
+)
 
 
 def _default_workdir(argv) -> str:
@@ -59,8 +69,16 @@ def main(argv):
   config = _CONFIG.value
   workdir = _WORKDIR.value or _default_workdir(sys.argv)
   launch_utils.log_start(config, workdir)
-  summary = trainer.train(config, workdir)
-  logging.info("done at step %s; workdir %s", summary.get("step"), workdir)
+  try:
+    summary = trainer.train(config, workdir, allow_config_change=_ALLOW_CONFIG_CHANGE.value)
+  except launch_utils.OPERATOR_ERRORS as e:
+    launch_utils.fail(e)
+  logging.info(
+      "%s at step %s; workdir %s",
+      "stopped" if summary.get("interrupted") else "done",
+      summary.get("step"),
+      workdir,
+  )
 
 
 if __name__ == "__main__":

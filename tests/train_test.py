@@ -1,12 +1,15 @@
-"""The trainer end to end on the `:smoke` config: events, checkpoints, resumption, Ctrl-C,
-NaN stop, export to transformers, evaluation of a training checkpoint, mixed environments.
+"""The trainer end to end on the `:smoke` config: events, checkpoints, resumption, Ctrl-C and
+SIGTERM, resuming under a changed config, NaN stop, export to transformers, evaluation of a
+training checkpoint, mixed environments.
 
 One uninterrupted smoke run (module fixture) is the reference the other tests compare against.
 Dimension legend: B episodes, T tokens.
 """
 
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -118,7 +121,7 @@ def test_early_stop_rule_saves_ends_the_run_and_stays_stopped(tmp_path):
   workdir = str(tmp_path / "stopped")
   config = smoke_config()
   with config.unlocked():
-    config.early_stop.low_val_threshold = 1.1  # every validation counts as "low"
+    config.early_stop.low_val_threshold = 1.0  # this run's validations (< 1) count as "low"
     config.early_stop.low_val_patience = 2  # step 0 and step 2: fires at step 2
   summary = trainer.train(config, workdir)
   assert summary["step"] == 2 and summary["early_stopped"] == "low_val_success"
@@ -184,6 +187,150 @@ def test_ctrl_c_saves_and_exits_cleanly_then_resumes(reference_run, tmp_path):
   assert {k: v for k, v in comparable(got, {3}).items() if k in want} == want
 
 
+def _launch(command, *, signal_at=None):
+  """Runs launch.py `command`; with `signal_at` (a pattern), sends SIGTERM once a line of the
+  log matches it. Returns (status, log, seconds from the signal to the exit)."""
+  proc = subprocess.Popen(
+      command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+  )
+  lines, sent = [], None
+  deadline = time.time() + 300
+  for line in proc.stdout:
+    lines.append(line)
+    if signal_at and sent is None and re.search(signal_at, line):
+      proc.send_signal(signal.SIGTERM)
+      sent = time.time()
+    assert time.time() < deadline, "".join(lines[-20:])
+  status = proc.wait(timeout=300)
+  return status, "".join(lines), None if sent is None else time.time() - sent
+
+
+def _steps(workdir):
+  ckpt = checkpoints.Checkpointer(os.path.join(workdir, "checkpoints"))
+  steps = ckpt.all_steps()
+  ckpt.close()
+  return steps
+
+
+def test_sigterm_stops_cleanly_at_start_up_and_in_a_step_then_resumes(reference_run, tmp_path):
+  """launch.py under SIGTERM (a scheduler's preemption): during start-up it exits 0 at once
+  having trained nothing; in the loop it finishes the step it is in, saves that step (not a
+  periodic save: save_every is 10) and exits 0; the same command then resumes, and every step
+  logs what the uninterrupted run logged."""
+  workdir = str(tmp_path / "preempted")
+  command = [
+      sys.executable,
+      "launch.py",
+      f"--config={SMOKE}",
+      f"--workdir={workdir}",
+      "--config.trainer.total_steps=3",
+      "--config.trainer.save_every=10",
+      "--config.diagnostics.compute_freq=0",
+  ]
+  # After the model is built: the starting point's validation (tens of seconds) is under way.
+  status, log, seconds = _launch(command, signal_at=r"memory per device")
+  assert status == 0, log[-3000:]
+  assert "SIGTERM during start-up" in log and not re.search(r"step +1/3 ", log), log[-3000:]
+  assert seconds < 120 and not os.path.exists(os.path.join(workdir, "config.json"))
+  assert _steps(workdir) == []  # nothing saved: the next launch starts afresh
+  status, log, _ = _launch(command, signal_at=r"step +1/3 ")
+  assert status == 0, log[-3000:]
+  assert "run the same command to resume" in log and "Traceback" not in log
+  trained = [s for s, _ in logging_utils.read_scalars(workdir)["train/success"]]
+  assert _steps(workdir)[-1] == trained[-1] and 1 <= trained[-1] < 3
+  status, log, _ = _launch(command)
+  assert status == 0 and "resumed from" in log and "done at step 3" in log, log[-3000:]
+  got = logging_utils.read_scalars(workdir)
+  assert [s for s, _ in got["train/success"]] == [1, 2, 3]
+  # The diagnostics, off here, change no rollout or update.
+  want = {
+      k: v
+      for k, v in comparable(logging_utils.read_scalars(reference_run[0]), {1, 2, 3}).items()
+      if not k[0].startswith("collapse/")
+  }
+  assert ("actor/pg_loss", 3) in want and ("val/success", 2) in want
+  assert {k: v for k, v in comparable(got, {1, 2, 3}).items() if k in want} == want
+
+
+def _files(workdir):
+  """The bytes of each file directly in `workdir` (config.json, event files)."""
+  out = {}
+  for name in os.listdir(workdir):
+    if os.path.isfile(os.path.join(workdir, name)):
+      with open(os.path.join(workdir, name), "rb") as fp:
+        out[name] = fp.read()
+  return out
+
+
+def _copy_of_run(ref_dir, workdir):
+  shutil.copytree(ref_dir, workdir)
+  return _files(workdir)
+
+
+def test_resume_under_a_changed_config_is_refused_in_one_line(reference_run, tmp_path):
+  """The learning rate, the seed and an environment option differ from the run's: launch.py
+  names each with both values on one line, exits 2, and leaves the workdir byte for byte."""
+  workdir = str(tmp_path / "changed")
+  files = _copy_of_run(reference_run[0], workdir)
+  assert "config.json" in files  # the record of the run, written by the trainer
+  proc = subprocess.run(
+      [
+          sys.executable,
+          "launch.py",
+          f"--config={SMOKE}",
+          f"--workdir={workdir}",
+          "--config.ppo.actor_lr=0.002",
+          "--config.seed.init=7",
+          "--config.envs.sokoban.options.num_boxes=2",
+      ],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  for change in (
+      "ppo.actor_lr: 0.0001 -> 0.002",
+      "seed.init: 0 -> 7",
+      "envs.sokoban.options.num_boxes: 1 -> 2",
+  ):
+    assert change in last, last
+  assert _files(workdir) == files
+  assert _steps(workdir) == [0, 2, 4]
+
+
+def test_allowed_and_overridden_config_changes_resume(reference_run, tmp_path, caplog):
+  workdir = str(tmp_path / "allowed")
+  _copy_of_run(reference_run[0], workdir)
+  config = smoke_config()
+  with config.unlocked():
+    config.trainer.total_steps = 5  # allowed: the run goes on to step 5
+    config.ppo.actor_lr = 3e-4  # refused unless allowed
+  with caplog.at_level("INFO"):
+    summary = trainer.train(config, workdir, allow_config_change=True)
+  assert summary["step"] == 5
+  warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+  assert any("ppo.actor_lr: 0.0001 -> 0.0003" in w for w in warnings), warnings
+  assert not any("total_steps" in w for w in warnings), warnings
+  ckpt = checkpoints.Checkpointer(os.path.join(workdir, "checkpoints"))
+  assert json.loads(ckpt.meta(5)["config"])["ppo"]["actor_lr"] == 3e-4  # trained under it
+  ckpt.close()
+  with open(os.path.join(workdir, "config.json"), encoding="utf-8") as fp:
+    assert json.load(fp)["ppo"]["actor_lr"] == 3e-4
+  # The run is now one with that learning rate: the old one is the change.
+  with config.unlocked():
+    config.ppo.actor_lr = 1e-4
+  with pytest.raises(trainer.ConfigError, match=r"ppo\.actor_lr: 0\.0003 -> 0\.0001"):
+    trainer.train(config, workdir)
+  with config.unlocked():
+    config.ppo.actor_lr = 3e-4
+    config.trainer.total_steps = 4  # shorter than the run: nothing left to train
+  assert trainer.train(config, workdir)["step"] == 5
+  assert _steps(workdir)[-1] == 5
+
+
 def test_non_finite_loss_stops_without_saving(tmp_path, monkeypatch):
   real = algos.make_train_step
 
@@ -209,14 +356,15 @@ def test_non_finite_loss_stops_without_saving(tmp_path, monkeypatch):
 def test_checkpoint_that_does_not_fit_the_config_is_a_clear_error(reference_run, tmp_path):
   ref_dir, _ = reference_run
   workdir = str(tmp_path / "other")
-  import shutil  # pylint: disable=g-import-not-at-top
-
   shutil.copytree(os.path.join(ref_dir, "checkpoints"), os.path.join(workdir, "checkpoints"))
   config = smoke_config()
   with config.unlocked():
     config.ppo.adv_estimator = "grpo"  # no critic: the saved state has one
-  with pytest.raises(ValueError, match="does not fit"):
+  with pytest.raises(trainer.ConfigError, match="ppo.adv_estimator: 'gae' -> 'grpo'"):
     trainer.train(config, workdir)
+  # Allowed, the change still meets the checkpoint's own check of every entry.
+  with pytest.raises(ValueError, match="does not fit"):
+    trainer.train(config, workdir, allow_config_change=True)
 
 
 def test_export_loads_in_transformers_with_the_same_logits(reference_run, tmp_path):

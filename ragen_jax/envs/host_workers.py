@@ -39,7 +39,10 @@ def _worker_main(conn: mp_connection.Connection, factory_blob: bytes) -> None:
   Parent -> worker: ("run", [(uid, op, payload), ...]); closing the pipe stops the worker.
   Worker -> parent: ("ready", pid) once, then ("result", uid, result) per call.
   """
-  signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+  # Ctrl-C and a scheduler's SIGTERM (sent to every process of the job) are the parent's to
+  # handle: it finishes the step, which needs these workers, then closes their pipes.
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
   if "jax" in sys.modules and "JAX_PLATFORMS" not in os.environ:
     try:  # the parent holds the accelerators; an env that uses JAX runs it on the CPU here
       sys.modules["jax"].config.update("jax_platforms", "cpu")
@@ -240,7 +243,8 @@ def _starting(workers: list[_Worker]) -> list[_Worker]:
 
 
 def _stop_workers(workers: list[_Worker]) -> None:
-  """Closes the pipes (a worker then exits at once), then terminates those that do not."""
+  """Closes the pipes (a worker then exits at once), then kills those that do not (workers
+  ignore SIGTERM)."""
   for worker in workers:
     try:
       worker.conn.close()
@@ -250,9 +254,6 @@ def _stop_workers(workers: list[_Worker]) -> None:
   for worker in workers:
     worker.process.join(max(0.0, deadline - time.monotonic()))
   for worker in workers:
-    if worker.process.is_alive():
-      worker.process.terminate()
-      worker.process.join(1.0)
     if worker.process.is_alive():
       worker.process.kill()
       worker.process.join()

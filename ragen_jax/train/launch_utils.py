@@ -1,14 +1,51 @@
-"""What `launch.py` does around the trainer: early override checks and the start-up log."""
+"""What `launch.py` does around the trainer: early override checks, the start-up log, and the
+one-line errors and exit statuses an operator sees.
+
+Exit statuses of launch.py: 0 when the run is done, or stopped by Ctrl-C or SIGTERM with its
+step saved (run the same command to resume); `EXIT_CONFIG` (2) when the command is wrong;
+`EXIT_RUN_FAILED` (3) when the run stopped on a failure it names. Both print one line,
+`error: <message>`, on stderr; any other exception is a bug and keeps its traceback.
+"""
 
 import importlib.util
 import os
 import platform
 import sys
+from typing import NoReturn
 
 from absl import logging
 import jax
 
+from ragen_jax import checkpoints
 from ragen_jax import config_sections
+from ragen_jax.train import trainer
+
+# An unknown key or variant, a bad value, a mesh the devices do not fit, a config that differs
+# from the one the workdir's run was trained under: fix the command (nothing was written).
+EXIT_CONFIG = 2
+# A non-finite loss, too many environment faults, a checkpoint that cannot be saved or restored:
+# the message names it; the workdir keeps its last good checkpoint.
+EXIT_RUN_FAILED = 3
+CONFIG_ERRORS = (trainer.ConfigError,)
+RUN_FAILURES = (
+    trainer.NonFiniteLossError,
+    trainer.EnvironmentFailure,
+    checkpoints.NonFiniteError,
+    checkpoints.NoUsableCheckpoint,
+    checkpoints.SaveError,
+)
+OPERATOR_ERRORS = CONFIG_ERRORS + RUN_FAILURES
+
+
+def fail(error: BaseException) -> NoReturn:
+  """Exits with `error` as one line on stderr and its status (`EXIT_CONFIG` for CONFIG_ERRORS,
+  else `EXIT_RUN_FAILED`)."""
+  _exit(str(error), EXIT_CONFIG if isinstance(error, CONFIG_ERRORS) else EXIT_RUN_FAILED)
+
+
+def _exit(message: str, status: int) -> NoReturn:
+  print(f"error: {' '.join(message.split())}", file=sys.stderr, flush=True)
+  sys.exit(status)
 
 
 def load_config_file(spec: str):
@@ -23,13 +60,12 @@ def load_config_file(spec: str):
 
 
 def check_argv(argv, default_config: str) -> None:
-  """Exits with a one-line message (status 2) on an unknown `--config.*` key or variant."""
+  """Exits with a one-line message (`EXIT_CONFIG`) on an unknown `--config.*` key or variant."""
   spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), default_config)
   try:
     config_sections.check_overrides(load_config_file(spec), argv)
   except (ValueError, FileNotFoundError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+    _exit(str(e), EXIT_CONFIG)
 
 
 class _QuietLibraries:
@@ -40,7 +76,8 @@ class _QuietLibraries:
 
 
 def log_start(config, workdir: str) -> None:
-  """Versions, devices and the resolved config, to the log and `workdir/config.json`."""
+  """Versions, devices and the resolved config, to the log (the trainer writes
+  `workdir/config.json` once the config and any resume have passed their checks)."""
   import flax, optax, orbax.checkpoint  # pylint: disable=g-import-not-at-top,multiple-imports
 
   logging.get_absl_handler().addFilter(_QuietLibraries())
@@ -57,7 +94,3 @@ def log_start(config, workdir: str) -> None:
       "devices: %s (process %d of %d)", jax.devices(), jax.process_index(), jax.process_count()
   )
   logging.info("workdir: %s\nconfig:\n%s", os.path.abspath(workdir), config)
-  if jax.process_index() == 0:
-    os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as fp:
-      fp.write(config.to_json_best_effort(indent=1))

@@ -20,20 +20,24 @@ and running the command again reports that instead of training on.
 Workdir: `checkpoints/<step>/` (orbax: actor, critic, optimizer states, step, base key; JSON
 meta with the config, seed counters, stopping-rule streaks and the MI z-score EMA), TensorBoard
 events, `eval/step_<s>.jsonl` trajectories and their pages `viewer/step_<s>.html`
-(ragen_jax.viewer). Running again resumes from the latest checkpoint. A non-finite loss stops
-the run (nothing is saved), and so does a rollout in which more episodes than
-`envs.<tag>.max_env_errors` ended in an environment fault (before training on them); Ctrl-C
-finishes the current step, saves and exits.
+(ragen_jax.viewer), and `config.json`, the config the run goes on under, written once the
+config, the mesh and any resume have passed their checks. Running again resumes from the latest
+checkpoint; a config that differs from the checkpoint's in keys outside
+`config_drift.MAY_CHANGE` is refused (ConfigError) before anything runs, unless the caller
+allows the change. A non-finite loss stops the run (nothing is saved), and so does a rollout in
+which more episodes than `envs.<tag>.max_env_errors` ended in an environment fault (before
+training on them). Ctrl-C or SIGTERM finishes the current step, saves and returns
+(`stop_signals`; during start-up it stops at once, nothing having been trained).
 
 Multi-process runs (ragen_jax.distributed) execute this same loop on every process: each plays
 its share of every rollout, after which every process holds the same episodes, metrics and
-training batch, so every decision (stopping rules, Ctrl-C, saves) is taken identically
-everywhere. Process 0 alone writes events, trajectories and pages; all take part in checkpoints.
+training batch, so every decision (stopping rules, stop signals, saves) is taken identically
+everywhere. Process 0 alone writes events, trajectories, pages and config.json; all take part in
+checkpoints.
 """
 
 import functools
 import os
-import signal
 import time
 from typing import Any, Dict, List, Optional
 
@@ -43,6 +47,7 @@ import ml_collections
 import numpy as np
 
 from ragen_jax import algos
+from ragen_jax import atomic_write
 from ragen_jax import checkpoints
 from ragen_jax import diagnostics
 from ragen_jax import distributed
@@ -50,12 +55,14 @@ from ragen_jax import logging_utils
 from ragen_jax import rollout as rollout_lib
 from ragen_jax import sharding
 from ragen_jax.batch import RolloutBatch
+from ragen_jax.train import config_drift
 from ragen_jax.train import experiment as experiment_lib
 from ragen_jax.train import keys
 from ragen_jax.train import memory
 from ragen_jax.train import policy as policy_lib
 from ragen_jax.train import run_state
 from ragen_jax.train import sft as sft_lib
+from ragen_jax.train import stop_signals
 from ragen_jax.train import validation
 
 
@@ -125,39 +132,23 @@ def batch_metrics(batch: RolloutBatch) -> Dict[str, float]:
   }
 
 
-class _StopFlag:
-  """First Ctrl-C: finish the step, save, exit. Second: the default KeyboardInterrupt."""
-
-  def __init__(self):
-    self.requested = False
-    self._previous = None
-
-  def __enter__(self):
-    try:
-      self._previous = signal.signal(signal.SIGINT, self._handle)
-    except ValueError:  # not the main thread: no handler, Ctrl-C behaves as usual
-      self._previous = None
-    return self
-
-  def _handle(self, signum, frame):
-    if self.requested:
-      raise KeyboardInterrupt
-    self.requested = True
-    logging.warning(
-        "Ctrl-C: finishing this step, saving a checkpoint, then exiting "
-        "(press again to abort without saving)"
-    )
-
-  def __exit__(self, *exc):
-    if self._previous is not None:
-      signal.signal(signal.SIGINT, self._previous)
+class ConfigError(ValueError):
+  """The command's config cannot run: a bad value (experiment.from_config), a mesh the devices
+  do not fit, or a change from the config the workdir's checkpoints were trained under."""
 
 
-def _config_json(config) -> str:
-  return config.to_json_best_effort() if isinstance(config, ml_collections.ConfigDict) else "{}"
+def _config_json(config, indent=None) -> str:
+  if isinstance(config, ml_collections.ConfigDict):
+    return config.to_json_best_effort(indent=indent)
+  return "{}"
 
 
-def train(config, workdir: str, stop_after: Optional[int] = None) -> Dict[str, Any]:
+def train(
+    config,
+    workdir: str,
+    stop_after: Optional[int] = None,
+    allow_config_change: bool = False,
+) -> Dict[str, Any]:
   """Runs (or resumes) the experiment `config` in `workdir`; returns the last metrics.
 
   Args:
@@ -165,39 +156,83 @@ def train(config, workdir: str, stop_after: Optional[int] = None) -> Dict[str, A
     workdir: run directory (created); an existing checkpoint there is resumed.
     stop_after: stop (saving a checkpoint) after this many steps of this call, as if
       interrupted; for tests of resumption.
+    allow_config_change: resume even when `config` differs from the config the latest
+      checkpoint was trained under in keys outside `config_drift.MAY_CHANGE` (each change is
+      logged as a warning); without it such a resume raises ConfigError before anything runs.
+
+  Returns:
+    The last step's metrics with "step"; "interrupted": True when a signal stopped the run.
   """
-  exp = experiment_lib.from_config(config)
-  os.makedirs(workdir, exist_ok=True)
-  writer = logging_utils.SummaryWriter(workdir, enabled=jax.process_index() == 0)
-  ckpt = checkpoints.Checkpointer(
-      os.path.join(workdir, "checkpoints"), keep=exp.trainer.keep_checkpoints
+  # One process alone may abort its start-up; several must reach a collective check together.
+  with stop_signals.StopFlag(abort_start_up=not distributed.multiprocess()) as stop:
+    ckpt = None
+    try:
+      exp = _as_config_error(experiment_lib.from_config, config)
+      sharder = _as_config_error(_mesh, exp)
+      ckpt = checkpoints.Checkpointer(
+          os.path.join(workdir, "checkpoints"), keep=exp.trainer.keep_checkpoints
+      )
+      refusal = config_drift.check_resume(ckpt, _config_json(config), allow_config_change)
+      if refusal:
+        raise ConfigError(refusal)
+      os.makedirs(workdir, exist_ok=True)
+      writer = logging_utils.SummaryWriter(workdir, enabled=jax.process_index() == 0)
+      run = None
+      try:
+        run = _Run(exp, config, workdir, writer, ckpt, sharder)
+        return run.loop(stop, stop_after)
+      finally:
+        if run is not None:
+          run.close()
+        writer.close()
+    except stop_signals.StartUpInterrupted as e:
+      step = None if ckpt is None else ckpt.latest_step()
+      logging.warning(
+          "%s during start-up: stopped before training (latest checkpoint: %s); run the same "
+          "command to resume",
+          e,
+          "none" if step is None else f"step {step}",
+      )
+      return {"step": step, "interrupted": True}
+    finally:
+      if ckpt is not None:
+        ckpt.close()
+
+
+def _mesh(exp) -> sharding.Sharder:
+  """The device mesh, with every size it must divide checked before anything compiles."""
+  sharder = sharding.Sharder(exp.mesh, devices=distributed.mesh_devices())
+  logging.info(
+      "mesh %s over %d devices (%d processes)",
+      dict(sharder.mesh.shape),
+      jax.device_count(),
+      jax.process_count(),
   )
-  run = None
+  sharder.check_batch("the training batch (episodes per step)", exp.train_episodes)
+  return sharder
+
+
+def _as_config_error(fn, *args):
+  """fn(*args), its ValueError (a message naming the key) raised as ConfigError."""
   try:
-    run = _Run(exp, config, workdir, writer, ckpt)
-    return run.loop(stop_after)
-  finally:
-    if run is not None:
-      run.close()
-    writer.close()
-    ckpt.close()
+    return fn(*args)
+  except ValueError as e:
+    raise ConfigError(str(e)) from e
+
+
+def _write_config_record(workdir: str, config) -> None:
+  """`workdir/config.json`: the config the run trains under (process 0), replaced atomically."""
+  if jax.process_index() == 0:
+    atomic_write.write_text(os.path.join(workdir, "config.json"), _config_json(config, indent=1))
 
 
 class _Run:
   """One call of `train`: builds everything, then loops."""
 
-  def __init__(self, exp, config, workdir, writer, ckpt):
+  def __init__(self, exp, config, workdir, writer, ckpt, sharder):
     self.exp, self.workdir, self.writer, self.ckpt = exp, workdir, writer, ckpt
-    self.config_json = _config_json(config)
-    # The mesh first: every size it must divide is checked before anything compiles.
-    self.sharder = sharding.Sharder(exp.mesh, devices=distributed.mesh_devices())
-    logging.info(
-        "mesh %s over %d devices (%d processes)",
-        dict(self.sharder.mesh.shape),
-        jax.device_count(),
-        jax.process_count(),
-    )
-    self.sharder.check_batch("the training batch (episodes per step)", exp.train_episodes)
+    self.config = config
+    self.sharder = sharder
     self.model, self.tok = policy_lib.build(exp, self.sharder)
     logging.info(
         "%s",
@@ -250,14 +285,16 @@ class _Run:
         self.state_shape,
         self.state_sharding,
     )
-    state, meta = self.ckpt.restore(like)  # arrays restored straight into their shardings
+    # Arrays restored straight into their shardings; a checkpoint of another model or optimizer
+    # (a change allowed explicitly) does not fit this config.
+    state, meta = _as_config_error(self.ckpt.restore, like)
     state = distributed.put(state, self.state_sharding)
     self.host = run_state.HostState.from_meta(self.exp, meta)
     logging.info("resumed from %s at step %d", self.ckpt.directory, int(meta["step"]))
     return state, int(meta["step"])
 
   def _save(self, state: run_state.RunState, step: int):
-    self.ckpt.save(step, state, self.host.meta(self.exp, step, self.config_json))
+    self.ckpt.save(step, state, self.host.meta(self.exp, step, _config_json(self.config)))
 
   # ------------------------------------------------------------------ pieces of a step
 
@@ -353,23 +390,32 @@ class _Run:
     )
     return metrics
 
-  def _start(self) -> tuple[run_state.RunState, int]:
-    """The restored state, or the starting point validated (step 0) and saved."""
+  def _start(self, stop: stop_signals.StopFlag) -> tuple[run_state.RunState, int]:
+    """The restored state, or the starting point validated (step 0) and saved; then
+    `workdir/config.json` records the config the run goes on under."""
     if self.ckpt.latest_step() is not None:
-      return self._restore()
-    state = self._fresh_state()
-    val = self._validate(state, 0)
-    self.host.stopped = self._early_events(self.host.monitor.after_validation(0, val), val)
-    self.writer.scalars(0, val)
-    logging.info("step 0 (starting point): %s", _fmt(val))
-    self._save(state, 0)
-    return state, 0
+      state, step = self._restore()
+      stop.start_up_done()
+    else:
+      state, step = self._fresh_state(), 0
+      val = self._validate(state, 0)
+      self.host.stopped = self._early_events(self.host.monitor.after_validation(0, val), val)
+      self.writer.scalars(0, val)
+      logging.info("step 0 (starting point): %s", _fmt(val))
+      stop.start_up_done()  # a signal from here on lets the save finish
+      self._save(state, 0)
+    _write_config_record(self.workdir, self.config)
+    return state, step
 
   # ------------------------------------------------------------------ the loop
 
-  def loop(self, stop_after: Optional[int]) -> Dict[str, Any]:
+  def loop(self, stop: stop_signals.StopFlag, stop_after: Optional[int]) -> Dict[str, Any]:
     exp, total = self.exp, self.exp.trainer.total_steps
-    state, start = self._start()
+    state, start = self._start(stop)
+    # A signal during a multi-process start-up, or during step 0's save, stops here.
+    if distributed.any_across(stop.requested):
+      logging.info("stopped at step %d; run the same command to resume", start)
+      return {"step": start, "interrupted": True}
     stopped = self.host.stopped
     if stopped and getattr(exp.early_stop, stopped["rule"]) == "stop":
       logging.warning(
@@ -385,57 +431,57 @@ class _Run:
         max(total, 1), start_step=start, enabled=jax.process_index() == 0
     )
     last, step = {}, start
-    with _StopFlag() as stop:
-      for step in range(start + 1, total + 1):
-        tic = time.perf_counter()
-        step_key, policy = keys.step(state.key, step), self._policy(state)
-        results = self._collect(policy, step_key, step)
-        t_gen = time.perf_counter() - tic
-        diag = self._diagnose(policy, results, step)
-        # Built on the host once; every process holds it whole and places the rows its
-        # devices hold.
-        host_batch = join_batches(
-            [r.batch for r in results.values()], exp.trainer.pad_multiple, self.tok.pad_id
-        )
-        batch = distributed.put(host_batch, self.sharder.batch_tree(host_batch))
-        tic_update = time.perf_counter()
-        train_state, metrics = self.train_step(state.train, batch, keys.update(step_key))
-        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        t_update = time.perf_counter() - tic_update
-        self._check(metrics, step)
-        state = state.replace(train=train_state)
-        metrics.update(
-            rollout_metrics(results, "train"),
-            **diag,
-            **batch_metrics(host_batch),
-            **{"timing_s/gen": t_gen, "timing_s/update": t_update},
-        )
-        events = self.host.monitor.after_step(step, metrics)
-        if step % exp.trainer.eval_every == 0 or step == total:
-          val = self._validate(state, step)
-          metrics.update(val)
-          events += self.host.monitor.after_validation(step, val)
-        self.host.stopped = stopped = self._early_events(events, metrics)
-        metrics["timing_s/step"] = time.perf_counter() - tic
-        metrics["perf/throughput"] = (
-            float(host_batch.attention_mask_BxT.sum()) / metrics["timing_s/step"]
-        )
-        self.writer.scalars(step, metrics)
-        progress.update(step, metrics)
-        last = metrics
-        # A Ctrl-C that reached only some processes still stops them all at the same step.
-        interrupted = distributed.any_across(stop.requested) or (
-            stop_after is not None and step - start >= stop_after
-        )
-        if step % exp.trainer.save_every == 0 or step == total or interrupted or stopped:
-          self._save(state, step)
-        if stopped:
-          logging.warning("stopping early after step %d (%s)", step, stopped["rule"])
-          last["early_stopped"] = stopped["rule"]
-          break
-        if interrupted:
-          logging.info("stopped after step %d; run the same command to resume", step)
-          break
+    for step in range(start + 1, total + 1):
+      tic = time.perf_counter()
+      step_key, policy = keys.step(state.key, step), self._policy(state)
+      results = self._collect(policy, step_key, step)
+      t_gen = time.perf_counter() - tic
+      diag = self._diagnose(policy, results, step)
+      # Built on the host once; every process holds it whole and places the rows its
+      # devices hold.
+      host_batch = join_batches(
+          [r.batch for r in results.values()], exp.trainer.pad_multiple, self.tok.pad_id
+      )
+      batch = distributed.put(host_batch, self.sharder.batch_tree(host_batch))
+      tic_update = time.perf_counter()
+      train_state, metrics = self.train_step(state.train, batch, keys.update(step_key))
+      metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+      t_update = time.perf_counter() - tic_update
+      self._check(metrics, step)
+      state = state.replace(train=train_state)
+      metrics.update(
+          rollout_metrics(results, "train"),
+          **diag,
+          **batch_metrics(host_batch),
+          **{"timing_s/gen": t_gen, "timing_s/update": t_update},
+      )
+      events = self.host.monitor.after_step(step, metrics)
+      if step % exp.trainer.eval_every == 0 or step == total:
+        val = self._validate(state, step)
+        metrics.update(val)
+        events += self.host.monitor.after_validation(step, val)
+      self.host.stopped = stopped = self._early_events(events, metrics)
+      metrics["timing_s/step"] = time.perf_counter() - tic
+      metrics["perf/throughput"] = (
+          float(host_batch.attention_mask_BxT.sum()) / metrics["timing_s/step"]
+      )
+      self.writer.scalars(step, metrics)
+      progress.update(step, metrics)
+      last = metrics
+      # A signal that reached only some processes still stops them all at the same step.
+      interrupted = distributed.any_across(stop.requested) or (
+          stop_after is not None and step - start >= stop_after
+      )
+      if step % exp.trainer.save_every == 0 or step == total or interrupted or stopped:
+        self._save(state, step)
+      if stopped:
+        logging.warning("stopping early after step %d (%s)", step, stopped["rule"])
+        last["early_stopped"] = stopped["rule"]
+        break
+      if interrupted:
+        logging.info("stopped after step %d; run the same command to resume", step)
+        last["interrupted"] = True
+        break
     self.writer.flush()
     return {"step": step, **last}
 

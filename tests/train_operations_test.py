@@ -1,0 +1,119 @@
+"""Operating a run, without training: which config changes a resume allows (config_drift),
+stop signals (stop_signals, real signals sent to this process) and launch.py's one-line errors
+and exit statuses (launch_utils). The end-to-end checks are in train_test.py."""
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from ragen_jax import checkpoints
+from ragen_jax.train import config_drift
+from ragen_jax.train import launch_utils
+from ragen_jax.train import stop_signals
+from ragen_jax.train import trainer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMOKE = os.path.join(ROOT, "configs", "sokoban_ppo.py") + ":smoke"
+
+
+def _config():
+  return launch_utils.load_config_file(SMOKE)
+
+
+def test_compare_splits_allowed_from_refused_changes_with_both_values():
+  stored = _config()
+  now = _config()
+  with now.unlocked():
+    now.trainer.total_steps = 40
+    now.early_stop.low_val_success = "warn"
+    now.ppo.actor_lr = 3e-4
+    now.envs.sokoban.options.dim_room = (7, 7)
+    now.envs.sokoban.val_options = {"num_boxes": 2}  # a section empty in the stored config
+  allowed, refused = config_drift.compare(stored.to_json_best_effort(), now.to_json_best_effort())
+  assert allowed == [
+      ("early_stop.low_val_success", "stop", "warn"),
+      ("trainer.total_steps", 4, 40),
+  ]
+  assert refused == [
+      ("envs.sokoban.options.dim_room", [6, 6], [7, 7]),
+      ("envs.sokoban.val_options.num_boxes", config_drift.ABSENT, 2),
+      ("ppo.actor_lr", 0.0001, 0.0003),
+  ]
+  assert config_drift.describe(refused) == (
+      "envs.sokoban.options.dim_room: [6, 6] -> [7, 7]; "
+      "envs.sokoban.val_options.num_boxes: (absent) -> 2; ppo.actor_lr: 0.0001 -> 0.0003"
+  )
+  same = stored.to_json_best_effort()
+  assert config_drift.compare(same, same) == ([], [])
+
+
+def test_a_key_added_since_the_run_was_saved_compares_at_its_default():
+  """A checkpoint saved before `ppo.positive_advantages_only` existed stores no such key: the
+  run behaved as its default does, so only a value other than the default is a change."""
+  values = json.loads(_config().to_json_best_effort())
+  del values["ppo"]["positive_advantages_only"]
+  stored = json.dumps(values)
+  assert config_drift.compare(stored, _config().to_json_best_effort()) == ([], [])
+  now = _config()
+  with now.unlocked():
+    now.ppo.positive_advantages_only = True
+  assert config_drift.compare(stored, now.to_json_best_effort())[1] == [
+      ("ppo.positive_advantages_only", False, True)
+  ]
+
+
+def test_may_change_names_keys_and_whole_sections():
+  assert config_drift.may_change("trainer.total_steps")
+  assert config_drift.may_change("early_stop.reward_std_patience")
+  assert not config_drift.may_change("trainer.pad_multiple")
+  assert not config_drift.may_change("early_stopping")
+  assert not config_drift.may_change("seed.init")
+
+
+def _wait_for_signal():
+  time.sleep(5)  # a handler that raises ends the sleep at once
+  raise AssertionError("no handler ran")
+
+
+def test_a_signal_during_start_up_raises_at_once_then_waits_for_the_step():
+  previous = signal.getsignal(signal.SIGTERM)
+  with stop_signals.StopFlag(abort_start_up=True) as stop:
+    with pytest.raises(stop_signals.StartUpInterrupted, match="SIGTERM"):
+      os.kill(os.getpid(), signal.SIGTERM)
+      _wait_for_signal()
+  assert signal.getsignal(signal.SIGTERM) is previous
+  with stop_signals.StopFlag(abort_start_up=True) as stop:
+    stop.start_up_done()
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.2)
+    assert stop.requested  # the step goes on, then saves
+    with pytest.raises(KeyboardInterrupt):  # a second signal aborts
+      os.kill(os.getpid(), signal.SIGINT)
+      _wait_for_signal()
+  with stop_signals.StopFlag(abort_start_up=False) as stop:  # multi-process start-up
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.2)
+    assert stop.requested
+  assert signal.getsignal(signal.SIGTERM) is previous
+
+
+@pytest.mark.parametrize(
+    "error, status",
+    [
+        (trainer.ConfigError("config: ppo.actor_lr must be > 0,\n  got -1"), 2),
+        (trainer.NonFiniteLossError("step 3: actor/pg_loss is not finite (nan)"), 3),
+        (trainer.EnvironmentFailure("step 2: 50% of the episodes\nFirst fault: boom"), 3),
+        (checkpoints.NoUsableCheckpoint("No usable checkpoint in runs/x: step 4: ..."), 3),
+        (checkpoints.SaveError("Could not save checkpoint step 4 in runs/x: the disk is full"), 3),
+    ],
+)
+def test_operator_errors_exit_with_one_line_and_their_status(error, status, capsys):
+  assert isinstance(error, launch_utils.OPERATOR_ERRORS)
+  with pytest.raises(SystemExit) as exit_:
+    launch_utils.fail(error)
+  assert exit_.value.code == status
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and err == f"error: {' '.join(str(error).split())}\n"
