@@ -42,6 +42,7 @@ _LONG_FILES = (
     "train_text_envs_test.py",
     "sharding_test.py",
     "notebooks_test.py",
+    "evaluate_test.py",
 )
 
 

@@ -17,6 +17,10 @@
 #SBATCH --cpus-per-task=16
 #SBATCH --time=24:00:00
 #SBATCH --output=ragen_jax_%j.log
+# Preemption: SIGTERM 180 s before the kill lets the run finish its step and save (exit 0);
+# a requeued job resumes from that checkpoint.
+#SBATCH --signal=TERM@180
+#SBATCH --requeue
 set -euo pipefail
 cd "${SLURM_SUBMIT_DIR:-.}"
 PYTHON="${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}"
