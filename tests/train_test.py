@@ -138,6 +138,31 @@ def test_early_stop_rule_saves_ends_the_run_and_stays_stopped(tmp_path):
   assert resumed["step"] == 4 and "early_stopped" not in resumed
 
 
+def _launch(command, *, signal_at=None, signum=signal.SIGTERM):
+  """Runs launch.py `command`; with `signal_at` (a pattern), sends `signum` once a line of the
+  log matches it. Returns (status, log, seconds from the signal to the exit)."""
+  proc = subprocess.Popen(
+      command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+  )
+  lines, sent = [], None
+  deadline = time.time() + 300
+  for line in proc.stdout:
+    lines.append(line)
+    if signal_at and sent is None and re.search(signal_at, line):
+      proc.send_signal(signum)
+      sent = time.time()
+    assert time.time() < deadline, "".join(lines[-20:])
+  status = proc.wait(timeout=300)
+  return status, "".join(lines), None if sent is None else time.time() - sent
+
+
+def _steps(workdir):
+  ckpt = checkpoints.Checkpointer(os.path.join(workdir, "checkpoints"))
+  steps = ckpt.all_steps()
+  ckpt.close()
+  return steps
+
+
 def test_ctrl_c_saves_and_exits_cleanly_then_resumes(reference_run, tmp_path):
   """launch.py: Ctrl-C after step 1 finishes the step, saves and exits 0; the same command
   resumes and logs what the uninterrupted run logged. One device: its programs are in the
@@ -151,25 +176,11 @@ def test_ctrl_c_saves_and_exits_cleanly_then_resumes(reference_run, tmp_path):
       "--config.trainer.total_steps=3",
       "--config.diagnostics.compute_freq=0",
   ]
-  proc = subprocess.Popen(
-      command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-  )
-  lines = []
-  deadline = time.time() + 300
-  for line in proc.stdout:
-    lines.append(line)
-    if re.match(r"step +1/3 ", line):
-      proc.send_signal(signal.SIGINT)
-      break
-    assert time.time() < deadline, "".join(lines[-20:])
-  out, _ = proc.communicate(timeout=300)
-  log = "".join(lines) + out
-  assert proc.returncode == 0, log[-3000:]
+  status, log, _ = _launch(command, signal_at=r"^step +1/3 ", signum=signal.SIGINT)
+  assert status == 0, log[-3000:]
   assert "run the same command to resume" in log
-  ckpt = checkpoints.Checkpointer(os.path.join(workdir, "checkpoints"))
-  saved = ckpt.latest_step()
-  ckpt.close()
-  assert saved is not None and 1 <= saved < 3
+  saved = _steps(workdir)
+  assert saved and 1 <= saved[-1] < 3
   resumed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert "resumed from" in resumed.stderr and "done at step 3" in resumed.stderr
@@ -185,31 +196,6 @@ def test_ctrl_c_saves_and_exits_cleanly_then_resumes(reference_run, tmp_path):
   }
   assert ("actor/pg_loss", 3) in want and ("train/success", 3) in want
   assert {k: v for k, v in comparable(got, {3}).items() if k in want} == want
-
-
-def _launch(command, *, signal_at=None):
-  """Runs launch.py `command`; with `signal_at` (a pattern), sends SIGTERM once a line of the
-  log matches it. Returns (status, log, seconds from the signal to the exit)."""
-  proc = subprocess.Popen(
-      command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-  )
-  lines, sent = [], None
-  deadline = time.time() + 300
-  for line in proc.stdout:
-    lines.append(line)
-    if signal_at and sent is None and re.search(signal_at, line):
-      proc.send_signal(signal.SIGTERM)
-      sent = time.time()
-    assert time.time() < deadline, "".join(lines[-20:])
-  status = proc.wait(timeout=300)
-  return status, "".join(lines), None if sent is None else time.time() - sent
-
-
-def _steps(workdir):
-  ckpt = checkpoints.Checkpointer(os.path.join(workdir, "checkpoints"))
-  steps = ckpt.all_steps()
-  ckpt.close()
-  return steps
 
 
 def test_sigterm_stops_cleanly_at_start_up_and_in_a_step_then_resumes(reference_run, tmp_path):
