@@ -22,7 +22,6 @@ per trajectory (messages, success, reward, turns), UTF-8 and replacing the file 
 
 import json
 import os
-import sys
 from typing import Any, Dict, Optional
 
 from absl import app
@@ -33,6 +32,7 @@ from ml_collections import config_flags
 
 from ragen_jax.models import checkpoint as hf_checkpoint
 from ragen_jax.train import experiment as experiment_lib
+from ragen_jax.train import launch_utils
 from ragen_jax.train import policy as policy_lib
 from ragen_jax.train import restore
 from ragen_jax.train import validation
@@ -119,8 +119,7 @@ def main(argv):
   try:
     model, tokenizer, config = load_policy(_CONFIG.value, _CHECKPOINT.value)
   except (FileNotFoundError, ValueError) as e:  # what the operator passed: one line, no trace
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+    launch_utils.exit_with_error(str(e))
   metrics = evaluate(config, output=_OUTPUT.value, model=model, tokenizer=tokenizer)
   print(json.dumps(metrics, indent=1, sort_keys=True))
   logging.info("wrote trajectories to %s", _OUTPUT.value)

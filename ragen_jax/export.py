@@ -11,13 +11,13 @@ of this one replace it whole (`models.save_hf`); a run that cannot be read is re
 
 import os
 import shutil
-import sys
 
 from absl import app
 from absl import flags
 from absl import logging
 
 from ragen_jax import models
+from ragen_jax.train import launch_utils
 from ragen_jax.train import restore
 
 _TOKENIZER_FILES = (
@@ -53,8 +53,7 @@ def main(argv):
   try:
     step = export(_CHECKPOINT.value, _OUT.value)
   except (FileNotFoundError, ValueError) as e:  # what the operator passed: one line, no trace
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+    launch_utils.exit_with_error(str(e))
   logging.info("exported step %d to %s", step, _OUT.value)
   print(f"exported step {step} to {_OUT.value}")
 

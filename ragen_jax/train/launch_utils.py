@@ -40,10 +40,11 @@ OPERATOR_ERRORS = CONFIG_ERRORS + RUN_FAILURES
 def fail(error: BaseException) -> NoReturn:
   """Exits with `error` as one line on stderr and its status (`EXIT_CONFIG` for CONFIG_ERRORS,
   else `EXIT_RUN_FAILED`)."""
-  _exit(str(error), EXIT_CONFIG if isinstance(error, CONFIG_ERRORS) else EXIT_RUN_FAILED)
+  exit_with_error(str(error), EXIT_CONFIG if isinstance(error, CONFIG_ERRORS) else EXIT_RUN_FAILED)
 
 
-def _exit(message: str, status: int) -> NoReturn:
+def exit_with_error(message: str, status: int = EXIT_CONFIG) -> NoReturn:
+  """Exits with `message` as one line on stderr, `error: ...`, and `status`."""
   print(f"error: {' '.join(message.split())}", file=sys.stderr, flush=True)
   sys.exit(status)
 
@@ -65,7 +66,7 @@ def check_argv(argv, default_config: str) -> None:
   try:
     config_sections.check_overrides(load_config_file(spec), argv)
   except (ValueError, FileNotFoundError) as e:
-    _exit(str(e), EXIT_CONFIG)
+    exit_with_error(str(e), EXIT_CONFIG)
 
 
 class _QuietLibraries:
