@@ -4,7 +4,9 @@
 
 Plays the validation levels (seeds `seed .. seed + levels - 1`, the configs' `seed.val`) with a
 uniformly random answer of the right form: Countdown, the given numbers in a random order joined
-by random operators (no parentheses); math, a random whole number from 0 to 100 per attempt.
+by random operators (no parentheses); math, a random whole number from 0 to 100 per attempt;
+Sudoku (4x4), a random number in a random empty cell per placement, as many placements as the
+config's budget (5 turns of 2).
 Prints each environment's success rate and mean return over `plays` plays of every level.
 """
 
@@ -15,6 +17,8 @@ import numpy as np
 
 from ragen_jax.envs.countdown import Countdown
 from ragen_jax.envs.math_env import MathEnv
+from ragen_jax.envs.sudoku import format_action
+from ragen_jax.envs.sudoku import Sudoku
 
 
 def countdown_answer(env: Countdown, rng: random.Random) -> str:
@@ -24,6 +28,12 @@ def countdown_answer(env: Countdown, rng: random.Random) -> str:
   for n in numbers[1:]:
     text += f" {rng.choice('+-*/')} {n}"
   return text
+
+
+def sudoku_answer(env: Sudoku, rng: random.Random) -> str:
+  empty = [(r, c) for r in range(env.size) for c in range(env.size) if not env.board[r][c]]
+  r, c = rng.choice(empty)
+  return format_action(r + 1, c + 1, rng.randint(1, env.size))
 
 
 def play(env, answer, levels: int, seed: int, plays: int, turns: int):
@@ -53,6 +63,7 @@ def main():
   games = {
       "countdown": (Countdown(), countdown_answer, 1),
       "math": (MathEnv(), lambda env, rng: str(rng.randint(0, 100)), 3),
+      "sudoku": (Sudoku(size=4, max_actions_per_turn=2), sudoku_answer, 10),
   }
   for name, (env, answer, turns) in games.items():
     success, mean_return = play(env, answer, args.levels, args.seed, args.plays, turns)

@@ -21,9 +21,10 @@ Log-probs: `logprobs[b, i]` is log softmax(logits / temperature) of the sampled 
 the temperature-scaled distribution before top-k / top-p truncation (what a trainer recomputes
 with a full forward pass). Greedy decoding (temperature 0) reports temperature-1 log-probs.
 
-The decode step is the model's cached forward specialised to one token (`_decode_step`): it
-updates the cache in place and attends over a [L, B, K, S, Dh] copy of it (`LoopCache`), made
-once per call. Tests hold it to transformers' greedy output and to a full forward.
+A decode step is the model's own forward over one token per row: the loop carries the cache
+one array per layer (`models.LayerCache`, made once per call), so each step updates every layer's
+buffer in place and attends over a window of slots, not the whole capacity. Tests hold it to
+transformers' greedy output and to a full forward.
 
 Dimension legend: B batch, T prompt (or appended chunk) length, N max new tokens, S cache
 capacity, V vocab, L layers, D model dim, H query heads, K kv heads, G = H // K, Dh head dim,
@@ -40,11 +41,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax import models
-from ragen_jax.models import layers as ops
-
-# models.layers' finite stand-in for -inf (a row with no visible key gets a uniform softmax).
-_MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
-
 
 class SampleOutput(NamedTuple):
   tokens_BxN: jax.Array  # int32, pad_id after a row stops
@@ -65,53 +61,11 @@ class SampleOutput(NamedTuple):
 
 
 @struct.dataclass
-class LoopCache:
-  """The KV cache in the decode loop's layout: one array per layer, kv heads before slots.
-
-  Single-token attention over [B, S, K, Dh] (the model's layout) makes XLA transpose every
-  layer's keys and values at every step (much slower on CPU: BENCHMARKS.md); the loop transposes once per call.
-  One array per layer (not one stacked [L, ...] array) lets each step update a layer's buffer
-  in place and read it whole: slicing a layer out of a stacked buffer copies it every step.
-  It holds only the first `window` slots (a static bucket >= end + T + N): each step's
-  attention costs the window, not the whole capacity.
-  """
-
-  k_layers: Tuple[jax.Array, ...]  # L arrays of [B, K, S, Dh]
-  v_layers: Tuple[jax.Array, ...]
-  mask_BxS: jax.Array
-  end_index: jax.Array
-
-  @classmethod
-  def of(cls, cache: models.KVCache, window: int) -> "LoopCache":
-    """The first `window` slots of `cache` (the rest must stay empty during the loop)."""
-    split = lambda a: tuple(
-        jnp.transpose(a[layer, :, :window], (0, 2, 1, 3)) for layer in range(a.shape[0])
-    )
-    return cls(
-        split(cache.k_LxBxSxKxDh),
-        split(cache.v_LxBxSxKxDh),
-        cache.mask_BxS[:, :window],
-        cache.end_index,
-    )
-
-  def into(self, cache: models.KVCache) -> models.KVCache:
-    """`cache` with its first `window` slots replaced by this loop cache's."""
-    stack = lambda layers: jnp.stack([jnp.transpose(a, (0, 2, 1, 3)) for a in layers])
-    put = lambda full, part: jax.lax.dynamic_update_slice(full, part, (0,) * full.ndim)
-    return models.KVCache(
-        put(cache.k_LxBxSxKxDh, stack(self.k_layers)),
-        put(cache.v_LxBxSxKxDh, stack(self.v_layers)),
-        put(cache.mask_BxS, self.mask_BxS),
-        self.end_index,
-    )
-
-
-@struct.dataclass
 class DecodeState:
   """Carry of the decode loop."""
 
   step: jax.Array  # int32 scalar: index of the next token to sample
-  cache: LoopCache  # holds the prompt and every sampled token but the last
+  cache: models.LayerCache  # holds the prompt and every sampled token but the last
   last_B: jax.Array  # int32: the most recent sampled token of each row
   done_B: jax.Array  # bool: the row has stopped (or was never active)
   tokens_BxN: jax.Array  # int32
@@ -177,68 +131,6 @@ def _stopped(tokens_BxN, step, token_B, stop_token_ids, stop_sequences):
   return hit_B
 
 
-def _attend_one(q_BxKxGxDh, k_BxKxSxDh, v_BxKxSxDh, mask_BxS):
-  """ops.attend for a single query per row (same float32 scores and softmax)."""
-  scores_BxKxGxS = jnp.einsum(
-      "bkgd,bksd->bkgs", q_BxKxGxDh, k_BxKxSxDh, preferred_element_type=jnp.float32
-  ) * (q_BxKxGxDh.shape[-1] ** -0.5)
-  scores_BxKxGxS = jnp.where(mask_BxS[:, None, None], scores_BxKxGxS, _MASK_VALUE)
-  probs_BxKxGxS = jax.nn.softmax(scores_BxKxGxS, axis=-1).astype(v_BxKxSxDh.dtype)
-  out = jnp.einsum("bkgs,bksd->bkgd", probs_BxKxGxS, v_BxKxSxDh, preferred_element_type=jnp.float32)
-  return out.astype(v_BxKxSxDh.dtype)
-
-
-def _decode_step(model: models.Qwen2, cache: LoopCache, token_B, live_B):
-  """Logits of one new token per row, writing its keys/values into the cache in place.
-
-  The model's own cached forward, specialised to one token: layers unrolled, each layer's k/v
-  written into the carried buffer by one dynamic_update_slice (the model's layer scan
-  re-stacks the whole cache every call, a full copy per token inside a loop), attention over
-  the LoopCache layout. Same ops from models.layers otherwise; tests hold it to transformers.
-  """
-  c = model.config
-  b, end = token_B.shape[0], cache.end_index
-  # A real token's position counts the real tokens before it (holes excluded).
-  pos_Bx1 = jnp.sum(cache.mask_BxS, axis=1, dtype=jnp.int32, keepdims=True)
-  # Slots after `end` are never valid, so the key mask alone is the causal mask.
-  mask_BxS = jax.lax.dynamic_update_slice(cache.mask_BxS, live_B[:, None], (0, end))
-  x_Bx1xD = jnp.take(model.decoder.embedding[...], token_B[:, None], axis=0, mode="clip").astype(
-      c.dtype
-  )
-  stacked = model.decoder.layers.stacked()
-  k_layers, v_layers = list(cache.k_layers), list(cache.v_layers)
-  for layer in range(c.num_layers):
-    p = {name: a[layer].astype(c.dtype) for name, a in stacked.items()}
-    h_Bx1xD = ops.rms_norm(x_Bx1xD, p["attn_norm"], c.rms_norm_eps)
-    q = jnp.einsum("btd,dhe->bthe", h_Bx1xD, p["q_kernel"]) + p["q_bias"][None, None]
-    k = jnp.einsum("btd,dke->btke", h_Bx1xD, p["k_kernel"]) + p["k_bias"][None, None]
-    v = jnp.einsum("btd,dke->btke", h_Bx1xD, p["v_kernel"]) + p["v_bias"][None, None]
-    q, k = ops.rope(q, pos_Bx1, c.rope_theta), ops.rope(k, pos_Bx1, c.rope_theta)
-    # [B, 1, K, Dh] -> [B, K, 1, Dh] at (0, 0, end, 0).
-    k_layers[layer] = jax.lax.dynamic_update_slice(
-        k_layers[layer], jnp.swapaxes(k, 1, 2).astype(k_layers[layer].dtype), (0, 0, end, 0)
-    )
-    v_layers[layer] = jax.lax.dynamic_update_slice(
-        v_layers[layer], jnp.swapaxes(v, 1, 2).astype(v_layers[layer].dtype), (0, 0, end, 0)
-    )
-    q_BxKxGxDh = q.reshape(b, c.num_kv_heads, c.num_groups, c.head_dim)
-    attn = _attend_one(
-        q_BxKxGxDh, k_layers[layer].astype(c.dtype), v_layers[layer].astype(c.dtype), mask_BxS
-    )
-    attn_Bx1xHxDh = attn.reshape(b, 1, c.num_heads, c.head_dim)
-    x_Bx1xD = x_Bx1xD + jnp.einsum("bthe,hed->btd", attn_Bx1xHxDh, p["o_kernel"])
-    h_Bx1xD = ops.rms_norm(x_Bx1xD, p["mlp_norm"], c.rms_norm_eps)
-    x_Bx1xD = x_Bx1xD + ops.swiglu(h_Bx1xD, p["gate_kernel"], p["up_kernel"], p["down_kernel"])
-  hidden_Bx1xD = ops.rms_norm(x_Bx1xD, model.decoder.final_norm[...], c.rms_norm_eps)
-  logits_BxV = jnp.einsum(
-      "btd,dv->btv",
-      hidden_Bx1xD,
-      model.unembed_kernel().astype(c.dtype),
-      preferred_element_type=jnp.float32,
-  )[:, 0]
-  return logits_BxV, LoopCache(tuple(k_layers), tuple(v_layers), mask_BxS, end + 1)
-
-
 def _decode(
     graphdef,
     params,
@@ -274,7 +166,7 @@ def _decode(
   window = cache.capacity if window is None else window
   state = DecodeState(
       step=jnp.int32(1),
-      cache=LoopCache.of(cache, window),
+      cache=cache.per_layer(window),
       last_B=token_B,
       done_B=done_B,
       tokens_BxN=tokens_BxN,
@@ -289,7 +181,8 @@ def _decode(
   def body(s: DecodeState):
     # Stopped rows feed a padding step (mask 0): a hole in the cache, invisible to attention.
     live_B = ~s.done_B
-    logits_BxV, cache = _decode_step(model, s.cache, s.last_B, live_B)
+    logits_Bx1xV, cache = model(s.last_B[:, None], live_B[:, None], cache=s.cache)
+    logits_BxV = logits_Bx1xV[:, 0]
     key, sub = jax.random.split(s.key)
     token_B, logp_B = _sample(logits_BxV, sub, temperature=temperature, top_k=top_k, top_p=top_p)
     token_B = jnp.where(live_B, token_B, pad_id)
@@ -507,10 +400,10 @@ def compact(cache: models.KVCache, keep_B: jax.Array) -> models.KVCache:
   slot_S = jnp.arange(s, dtype=jnp.int32)
   src_BxS = order_BxS[:, jnp.clip(slot_S + s - m, 0, s - 1)]
   new_mask_BxS = (slot_S[None] >= m - count_B[:, None]) & (slot_S[None] < m)
-  gather = lambda a: jnp.take_along_axis(a, src_BxS[None, :, :, None, None], axis=2)
+  gather = lambda a: jnp.take_along_axis(a, src_BxS[None, :, None, :, None], axis=3)
   return models.KVCache(
-      k_LxBxSxKxDh=gather(cache.k_LxBxSxKxDh),
-      v_LxBxSxKxDh=gather(cache.v_LxBxSxKxDh),
+      k_LxBxKxSxDh=gather(cache.k_LxBxKxSxDh),
+      v_LxBxKxSxDh=gather(cache.v_LxBxKxSxDh),
       mask_BxS=new_mask_BxS,
       end_index=m,
   )

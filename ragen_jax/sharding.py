@@ -242,10 +242,10 @@ class Sharder:
 
   def cache(self, cache) -> Any:
     """Shardings of a models.KVCache: episodes over batch, key/value heads over tensor."""
-    kv = self.named((None, "batch", "length", "kv_heads", "head_dim"))
+    kv = self.named((None, "batch", "kv_heads", "length", "head_dim"))
     return type(cache)(
-        k_LxBxSxKxDh=kv,
-        v_LxBxSxKxDh=kv,
+        k_LxBxKxSxDh=kv,
+        v_LxBxKxSxDh=kv,
         mask_BxS=self.named(("batch", "length")),
         end_index=self.replicated,
     )

@@ -46,8 +46,8 @@ def _score(
   """Sum of log p(chunk[t] | ...) over target positions, each row over its column's prefix."""
   model = nnx.merge(graphdef, params)
   rows = models.KVCache(
-      k_LxBxSxKxDh=cache.k_LxBxSxKxDh[:, column_M],
-      v_LxBxSxKxDh=cache.v_LxBxSxKxDh[:, column_M],
+      k_LxBxKxSxDh=cache.k_LxBxKxSxDh[:, column_M],
+      v_LxBxKxSxDh=cache.v_LxBxKxSxDh[:, column_M],
       mask_BxS=cache.mask_BxS[column_M],
       end_index=cache.end_index,
   )

@@ -21,5 +21,6 @@ from ragen_jax.models.qwen2 import critic_from_policy
 from ragen_jax.models.qwen2 import Decoder
 from ragen_jax.models.qwen2 import init_cache
 from ragen_jax.models.qwen2 import KVCache
+from ragen_jax.models.qwen2 import LayerCache
 from ragen_jax.models.qwen2 import Qwen2
 from ragen_jax.models.qwen2 import Qwen2Critic

@@ -200,7 +200,7 @@ def load_hf(
     *,
     critic: bool = False,
     sharding=None,
-    remat: bool = False,
+    **overrides,
 ) -> Qwen2 | Qwen2Critic:
   """Loads a local Hugging Face Qwen2 / Qwen2.5 checkpoint directory.
 
@@ -213,7 +213,7 @@ def load_hf(
     critic: return a Qwen2Critic (decoder from the checkpoint, zero value head).
     sharding: optional `logical axes -> jax Sharding` (sharding.Sharder.named):
       every tensor is placed straight into its sharding.
-    remat: rematerialise each layer in the backward pass.
+    **overrides: other ModelConfig fields (remat, attention).
 
   Returns:
     The Qwen2 (or Qwen2Critic) module with the checkpoint's weights.
@@ -223,7 +223,7 @@ def load_hf(
     ValueError: a damaged file (named); a tensor is missing, unexpected, or has the wrong shape.
   """
   param_dtype = dtype if param_dtype is None else param_dtype
-  config = read_config(path, dtype=dtype, remat=remat, param_dtype=param_dtype)
+  config = read_config(path, dtype=dtype, param_dtype=param_dtype, **overrides)
   cls = Qwen2Critic if critic else Qwen2
   model = nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0)))
   np_dtype = np.dtype(config.param_dtype)

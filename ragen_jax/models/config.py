@@ -11,6 +11,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from ragen_jax.models.attention import IMPLEMENTATIONS
+
 # Vocabulary of the SentencePiece model shipped in ragen_jax/assets (the tiny
 # presets use it so that CPU training does not pay for a 151936-row softmax).
 SENTENCEPIECE_VOCAB_SIZE = 2048
@@ -45,6 +47,8 @@ class ModelConfig:
     dtype: activation / compute dtype.
     param_dtype: dtype the parameters are stored in.
     remat: rematerialise each layer in the backward pass (saves memory).
+    attention: the self-attention kernel, one of `attention.IMPLEMENTATIONS` (auto picks by
+      device and dtype; see ragen_jax/models/attention.py).
   """
 
   vocab_size: int
@@ -61,6 +65,7 @@ class ModelConfig:
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   remat: bool = False
+  attention: str = "auto"
 
   def __post_init__(self):
     # Frozen dataclass: normalise through object.__setattr__.
@@ -94,6 +99,8 @@ class ModelConfig:
       raise ValueError(f"head_dim {self.head_dim} must be even for RoPE")
     if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
       raise ValueError("rope_theta and rms_norm_eps must be positive")
+    if self.attention not in IMPLEMENTATIONS:
+      raise ValueError(f"attention must be one of {IMPLEMENTATIONS}, got {self.attention!r}")
     for name in ("dtype", "param_dtype"):
       if not jnp.issubdtype(getattr(self, name), jnp.floating):
         raise ValueError(f"{name} must be a floating dtype, got {getattr(self, name)}")

@@ -1,4 +1,4 @@
-"""Pure-function pieces of the Qwen2 decoder: RMSNorm, RoPE, attention, MLP.
+"""Pure-function pieces of the Qwen2 decoder: RMSNorm, RoPE, MLP (attention: attention.py).
 
 They take raw arrays (one layer's slice of the stacked parameters) so that the
 decoder can `lax.scan` over layers. Dimension legend: B batch, T new tokens,
@@ -8,11 +8,6 @@ F mlp dim.
 
 import jax
 import jax.numpy as jnp
-
-# Finite stand-in for -inf: a query with no visible key (a left-padding row)
-# then gets a uniform softmax instead of NaN.
-_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
-
 
 def rms_norm(x_BxTxD: jax.Array, scale_D: jax.Array, eps: float) -> jax.Array:
   """RMSNorm computed in float32, as in transformers' Qwen2RMSNorm.
@@ -51,91 +46,6 @@ def rope(x_BxTxNxDh: jax.Array, positions_BxT: jax.Array, theta: float) -> jax.A
   x1, x2 = jnp.split(x_BxTxNxDh.astype(jnp.float32), 2, axis=-1)
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return out.astype(x_BxTxNxDh.dtype)
-
-
-def attention_mask(key_mask_BxS: jax.Array, query_slot_BxT: jax.Array) -> jax.Array:
-  """Which keys each query may see: valid and not in the future.
-
-  Args:
-    key_mask_BxS: True where the key slot holds a real token.
-    query_slot_BxT: the slot index (in the key axis) of each query.
-
-  Returns:
-    Boolean mask_BxTxS.
-  """
-  s = key_mask_BxS.shape[1]
-  causal_BxTxS = jnp.arange(s)[None, None, :] <= query_slot_BxT[:, :, None]
-  return causal_BxTxS & key_mask_BxS[:, None, :]
-
-
-def attend(
-    q_BxTxHxDh: jax.Array, k_BxSxKxDh: jax.Array, v_BxSxKxDh: jax.Array, mask_BxTxS: jax.Array
-) -> jax.Array:
-  """Grouped-query softmax attention, scores and softmax in float32.
-
-  Query head h uses kv head h // G (transformers' repeat_kv order); the kv
-  heads are never materialised G times.
-
-  Args:
-    q_BxTxHxDh: rotated queries.
-    k_BxSxKxDh: rotated keys.
-    v_BxSxKxDh: values.
-    mask_BxTxS: True where attention is allowed.
-
-  Returns:
-    out_BxTxHxDh in v's dtype.
-  """
-  b, t, h, dh = q_BxTxHxDh.shape
-  k = k_BxSxKxDh.shape[2]
-  q_BxTxKxGxDh = q_BxTxHxDh.reshape(b, t, k, h // k, dh)
-  scores_BxKxGxTxS = jnp.einsum(
-      "btkgd,bskd->bkgts", q_BxTxKxGxDh, k_BxSxKxDh, preferred_element_type=jnp.float32
-  ) * (dh**-0.5)
-  scores_BxKxGxTxS = jnp.where(mask_BxTxS[:, None, None], scores_BxKxGxTxS, _MASK_VALUE)
-  probs = jax.nn.softmax(scores_BxKxGxTxS, axis=-1).astype(v_BxSxKxDh.dtype)
-  out_BxTxKxGxDh = jnp.einsum(
-      "bkgts,bskd->btkgd", probs, v_BxSxKxDh, preferred_element_type=jnp.float32
-  )
-  return out_BxTxKxGxDh.reshape(b, t, h, dh).astype(v_BxSxKxDh.dtype)
-
-
-def attend_causal(
-    q_BxTxHxDh: jax.Array,
-    k_BxTxKxDh: jax.Array,
-    v_BxTxKxDh: jax.Array,
-    key_mask_BxT: jax.Array,
-    block: int = 128,
-) -> jax.Array:
-  """Causal self-attention (query i sees the valid keys 0..i), in query blocks.
-
-  Equals `attend(q, k, v, attention_mask(key_mask, arange(T)))` on every query that
-  sees at least one key. Query block j touches only keys [0, (j+1) * block): the
-  masked upper triangle is never computed (about half the work at long T) and each
-  block's scores are small enough to stay in cache, which makes the training pass
-  faster on CPU (BENCHMARKS.md). Shapes are static: T / block blocks, unrolled.
-
-  Args:
-    q_BxTxHxDh: rotated queries.
-    k_BxTxKxDh: rotated keys of the same T tokens.
-    v_BxTxKxDh: their values.
-    key_mask_BxT: True where the token is real (not padding).
-    block: queries per block.
-
-  Returns:
-    out_BxTxHxDh in v's dtype.
-  """
-  t = q_BxTxHxDh.shape[1]
-  outs = []
-  for start in range(0, t, block):
-    stop = min(start + block, t)
-    mask_BxQxS = attention_mask(
-        key_mask_BxT[:, :stop],
-        jnp.broadcast_to(jnp.arange(start, stop), (q_BxTxHxDh.shape[0], stop - start)),
-    )
-    outs.append(
-        attend(q_BxTxHxDh[:, start:stop], k_BxTxKxDh[:, :stop], v_BxTxKxDh[:, :stop], mask_BxQxS)
-    )
-  return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
 
 
 def swiglu(

@@ -16,12 +16,14 @@ Parameters carry logical axis names (`out_sharding` metadata, read them with
 import functools
 import itertools
 import math
+from typing import Tuple
 
 from flax import struct
 from flax import nnx
 import jax
 import jax.numpy as jnp
 
+from ragen_jax.models import attention
 from ragen_jax.models import layers as ops
 from ragen_jax.models.config import get_config
 from ragen_jax.models.config import ModelConfig
@@ -33,21 +35,63 @@ _INIT_STD = 0.02  # transformers' initializer_range for Qwen2.
 class KVCache:
   """Keys and values of all layers, written in place at `end_index`.
 
+  Kv heads come before slots ([B, K, S, Dh] per layer), the layout decoding reads one query at
+  a time from without a transpose per step.
+
   Attributes:
-    k_LxBxSxKxDh: rotated keys.
-    v_LxBxSxKxDh: values.
+    k_LxBxKxSxDh: rotated keys.
+    v_LxBxKxSxDh: values.
     mask_BxS: True for slots that hold a real (non-padding) token.
     end_index: int32 scalar, the slot the next token is written to.
   """
 
-  k_LxBxSxKxDh: jax.Array
-  v_LxBxSxKxDh: jax.Array
+  k_LxBxKxSxDh: jax.Array
+  v_LxBxKxSxDh: jax.Array
   mask_BxS: jax.Array
   end_index: jax.Array
 
   @property
   def capacity(self) -> int:
     return self.mask_BxS.shape[1]
+
+  def per_layer(self, window: int) -> "LayerCache":
+    """The first `window` slots as one array per layer (the rest must stay empty meanwhile)."""
+    split = lambda a: tuple(a[layer, :, :, :window] for layer in range(a.shape[0]))
+    return LayerCache(
+        split(self.k_LxBxKxSxDh),
+        split(self.v_LxBxKxSxDh),
+        self.mask_BxS[:, :window],
+        self.end_index,
+    )
+
+
+@struct.dataclass
+class LayerCache:
+  """A KVCache (or its first slots) held as one [B, K, S, Dh] array per layer.
+
+  What a decode loop carries: each step updates a layer's buffer in place and reads it whole,
+  where slicing a layer out of one stacked buffer would copy it every step, and the attention
+  costs the window, not the whole capacity.
+  """
+
+  k_layers: Tuple[jax.Array, ...]  # L arrays of [B, K, S, Dh]
+  v_layers: Tuple[jax.Array, ...]
+  mask_BxS: jax.Array
+  end_index: jax.Array
+
+  @property
+  def capacity(self) -> int:
+    return self.mask_BxS.shape[1]
+
+  def into(self, cache: KVCache) -> KVCache:
+    """`cache` with its first slots replaced by these."""
+    put = lambda full, part: jax.lax.dynamic_update_slice(full, part, (0,) * full.ndim)
+    return KVCache(
+        put(cache.k_LxBxKxSxDh, jnp.stack(self.k_layers)),
+        put(cache.v_LxBxKxSxDh, jnp.stack(self.v_layers)),
+        put(cache.mask_BxS, self.mask_BxS),
+        self.end_index,
+    )
 
 
 def init_cache(config: ModelConfig, batch: int, capacity: int, dtype=None) -> KVCache:
@@ -60,11 +104,11 @@ def init_cache(config: ModelConfig, batch: int, capacity: int, dtype=None) -> KV
       checked under jit (dynamic_update_slice clamps), so size it generously.
     dtype: storage dtype of k and v; defaults to config.dtype.
   """
-  shape = (config.num_layers, batch, capacity, config.num_kv_heads, config.head_dim)
+  shape = (config.num_layers, batch, config.num_kv_heads, capacity, config.head_dim)
   dtype = config.dtype if dtype is None else dtype
   return KVCache(
-      k_LxBxSxKxDh=jnp.zeros(shape, dtype),
-      v_LxBxSxKxDh=jnp.zeros(shape, dtype),
+      k_LxBxKxSxDh=jnp.zeros(shape, dtype),
+      v_LxBxKxSxDh=jnp.zeros(shape, dtype),
       mask_BxS=jnp.zeros((batch, capacity), bool),
       end_index=jnp.zeros((), jnp.int32),
   )
@@ -124,23 +168,15 @@ class DecoderLayers(nnx.Module):
     return {name: var[...] for name, var in vars(self).items() if isinstance(var, nnx.Param)}
 
 
-def _decoder_layer(
-    c: ModelConfig,
-    p: dict[str, jax.Array],
-    x_BxTxD,
-    positions_BxT,
-    key_mask_BxS,
-    end,
-    k_cache_BxSxKxDh=None,
-    v_cache_BxSxKxDh=None,
-):
+def _decoder_layer(c: ModelConfig, p: dict[str, jax.Array], x_BxTxD, positions_BxT, attend):
   """One pre-norm decoder layer; `p` holds that layer's slice of the stack.
 
-  Without a cache the T tokens attend causally to each other (key_mask_BxS is then
-  their [B, T] padding mask); with one, query t sits at slot end + t of the S slots.
+  The one layer of every pass: training and prefill run it under the layer scan, decoding in an
+  unrolled loop. `attend(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh)` -> (attn_BxTxHxDh, aux) is where
+  they differ (self-attention, or a cache write then attention over the cache).
 
   Returns:
-    (x_BxTxD, (k_BxSxKxDh, v_BxSxKxDh) updated caches, or None without cache).
+    (x_BxTxD, aux from `attend`).
   """
   p = jax.tree.map(lambda a: a.astype(c.dtype), p)
   b, t, d = x_BxTxD.shape
@@ -157,25 +193,7 @@ def _decoder_layer(
   v_BxTxKxDh = project(h_NxD, p["v_kernel"], p["v_bias"])
   q_BxTxHxDh = ops.rope(q_BxTxHxDh, positions_BxT, c.rope_theta)
   k_BxTxKxDh = ops.rope(k_BxTxKxDh, positions_BxT, c.rope_theta)
-  if k_cache_BxSxKxDh is None:  # the T tokens attend causally to each other
-    new_cache = None
-    attn_BxTxHxDh = ops.attend_causal(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh, key_mask_BxS)
-  else:
-    # Write the T new keys/values at slot `end`; attend over all S slots.
-    k_BxSxKxDh = jax.lax.dynamic_update_slice(
-        k_cache_BxSxKxDh, k_BxTxKxDh.astype(k_cache_BxSxKxDh.dtype), (0, end, 0, 0)
-    )
-    v_BxSxKxDh = jax.lax.dynamic_update_slice(
-        v_cache_BxSxKxDh, v_BxTxKxDh.astype(v_cache_BxSxKxDh.dtype), (0, end, 0, 0)
-    )
-    new_cache = (k_BxSxKxDh, v_BxSxKxDh)
-    query_slot_BxT = jnp.broadcast_to(end + jnp.arange(t, dtype=jnp.int32), (b, t))
-    attn_BxTxHxDh = ops.attend(
-        q_BxTxHxDh,
-        k_BxSxKxDh.astype(c.dtype),
-        v_BxSxKxDh.astype(c.dtype),
-        ops.attention_mask(key_mask_BxS, query_slot_BxT),
-    )
+  attn_BxTxHxDh, aux = attend(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh)
   x_BxTxD = x_BxTxD + (attn_BxTxHxDh.reshape(b * t, -1) @ p["o_kernel"].reshape(-1, d)).reshape(
       b, t, d
   )
@@ -183,13 +201,35 @@ def _decoder_layer(
   x_BxTxD = x_BxTxD + ops.swiglu(h_NxD, p["gate_kernel"], p["up_kernel"], p["down_kernel"]).reshape(
       b, t, d
   )
-  return x_BxTxD, new_cache
+  return x_BxTxD, aux
+
+
+def _cached_attend(c: ModelConfig, k_cache_BxKxSxDh, v_cache_BxKxSxDh, end, mask_BxTxS):
+  """`attend` for a cache: writes the T new keys/values at slot `end`, attends over all S.
+
+  aux: the layer's updated (k, v) cache arrays.
+  """
+
+  def attend(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh):
+    write = lambda cache, new: jax.lax.dynamic_update_slice(
+        cache, jnp.swapaxes(new, 1, 2).astype(cache.dtype), (0, 0, end, 0)
+    )
+    k_BxKxSxDh = write(k_cache_BxKxSxDh, k_BxTxKxDh)
+    v_BxKxSxDh = write(v_cache_BxKxSxDh, v_BxTxKxDh)
+    out_BxTxHxDh = attention.cached_attention(
+        q_BxTxHxDh, k_BxKxSxDh.astype(c.dtype), v_BxKxSxDh.astype(c.dtype), mask_BxTxS
+    )
+    return out_BxTxHxDh, (k_BxKxSxDh, v_BxKxSxDh)
+
+  return attend
 
 
 class Decoder(nnx.Module):
   """Embedding, decoder layers and final norm: ids -> final-normed hidden."""
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    # A kernel this device or dtype cannot run is an error when the model is built.
+    attention.resolve(config.attention, config.dtype, config.head_dim)
     self.config = config
     self.embedding = _param(
         _normal(rngs, [(config.vocab_size, config.hidden_size)])[0],
@@ -205,8 +245,15 @@ class Decoder(nnx.Module):
       attention_mask_BxT=None,
       *,
       positions_BxT=None,
-      cache: KVCache | None = None,
+      cache: KVCache | LayerCache | None = None,
   ):
+    """(hidden_BxTxD, the updated cache or None).
+
+    Without a cache the T tokens attend causally to each other through `model.attention`'s
+    kernel; with one they are written at its end_index and attend over its slots. A KVCache
+    runs the layers under `lax.scan`; a LayerCache (a decode loop's) unrolls them, so each
+    layer updates its own buffer in place.
+    """
     c = self.config
     b, t = input_ids_BxT.shape
     mask_BxT = (
@@ -215,38 +262,51 @@ class Decoder(nnx.Module):
     # Left padding: a real token's position counts only the real tokens before
     # it, so padded and unpadded sequences get identical logits.
     new_positions_BxT = jnp.cumsum(mask_BxT, axis=1, dtype=jnp.int32) - 1
-    if cache is None:
-      end = jnp.zeros((), jnp.int32)
-      key_mask_BxS = mask_BxT
-    else:
+    if cache is not None:
       if t > cache.capacity:
-        raise ValueError(f"{t} new tokens exceed the cache capacity " f"{cache.capacity}")
+        raise ValueError(f"{t} new tokens exceed the cache capacity {cache.capacity}")
       end = cache.end_index
       new_positions_BxT += jnp.sum(cache.mask_BxS, axis=1, dtype=jnp.int32, keepdims=True)
       key_mask_BxS = jax.lax.dynamic_update_slice(cache.mask_BxS, mask_BxT, (0, end))
+      query_slot_BxT = jnp.broadcast_to(end + jnp.arange(t, dtype=jnp.int32), (b, t))
+      mask_BxTxS = attention.cache_mask(key_mask_BxS, query_slot_BxT)
     if positions_BxT is None:
       positions_BxT = jnp.maximum(new_positions_BxT, 0)
 
     # mode="clip": the default "fill" would turn an out-of-range id (e.g. a -1
     # pad) into a NaN row, which masked attention still multiplies by zero.
     x_BxTxD = jnp.take(self.embedding[...], input_ids_BxT, axis=0, mode="clip").astype(c.dtype)
+    stacked = self.layers.stacked()
 
-    def layer(x_BxTxD, xs):
-      params, k_cache_BxSxKxDh, v_cache_BxSxKxDh = xs
-      return _decoder_layer(
-          c, params, x_BxTxD, positions_BxT, key_mask_BxS, end, k_cache_BxSxKxDh, v_cache_BxSxKxDh
-      )
+    if isinstance(cache, LayerCache):
+      k_layers, v_layers = list(cache.k_layers), list(cache.v_layers)
+      for layer in range(c.num_layers):
+        attend = _cached_attend(c, k_layers[layer], v_layers[layer], end, mask_BxTxS)
+        params = {name: a[layer] for name, a in stacked.items()}
+        x_BxTxD, (k_layers[layer], v_layers[layer]) = _decoder_layer(
+            c, params, x_BxTxD, positions_BxT, attend
+        )
+      new_cache = LayerCache(tuple(k_layers), tuple(v_layers), key_mask_BxS, end + t)
+    else:
+      implementation = attention.resolve(c.attention, c.dtype, c.head_dim)
 
-    if c.remat:
-      layer = jax.checkpoint(layer, prevent_cse=False)
-    caches = (None, None) if cache is None else (cache.k_LxBxSxKxDh, cache.v_LxBxSxKxDh)
-    x_BxTxD, new_kv = jax.lax.scan(layer, x_BxTxD, (self.layers.stacked(), *caches))
-    hidden_BxTxD = ops.rms_norm(x_BxTxD, self.final_norm[...], c.rms_norm_eps)
-    if cache is None:
-      return hidden_BxTxD, None
-    return hidden_BxTxD, KVCache(
-        k_LxBxSxKxDh=new_kv[0], v_LxBxSxKxDh=new_kv[1], mask_BxS=key_mask_BxS, end_index=end + t
-    )
+      def layer(x_BxTxD, xs):
+        params, k_cache_BxKxSxDh, v_cache_BxKxSxDh = xs
+        if cache is None:
+          attend = lambda q, k, v: (
+              attention.causal_self_attention(q, k, v, mask_BxT, implementation),
+              None,
+          )
+        else:
+          attend = _cached_attend(c, k_cache_BxKxSxDh, v_cache_BxKxSxDh, end, mask_BxTxS)
+        return _decoder_layer(c, params, x_BxTxD, positions_BxT, attend)
+
+      if c.remat:
+        layer = jax.checkpoint(layer, prevent_cse=False)
+      caches = (None, None) if cache is None else (cache.k_LxBxKxSxDh, cache.v_LxBxKxSxDh)
+      x_BxTxD, new_kv = jax.lax.scan(layer, x_BxTxD, (stacked, *caches))
+      new_cache = None if cache is None else KVCache(*new_kv, key_mask_BxS, end + t)
+    return ops.rms_norm(x_BxTxD, self.final_norm[...], c.rms_norm_eps), new_cache
 
 
 class Qwen2(nnx.Module):

@@ -104,6 +104,15 @@ class ModelSpec:
   tokenizer: str = "sentencepiece"  # without a checkpoint (or one lacking tokenizer.json)
   dtype: str = "float32"  # activation dtype (parameters stay float32)
   remat: bool = False  # recompute each layer in the backward pass (memory)
+  # Self-attention kernel: auto | xla | cudnn | splash (ragen_jax/models/attention.py); auto is
+  # cuDNN's fused kernel on an NVIDIA GPU in bf16, splash on a TPU, XLA otherwise.
+  attention: str = "auto"
+
+  def __post_init__(self):
+    if self.attention not in models.attention.IMPLEMENTATIONS:
+      raise ValueError(
+          f"model.attention {self.attention!r} is not one of {models.attention.IMPLEMENTATIONS}"
+      )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -53,11 +53,17 @@ def build(exp, sharder=None):
         param_dtype=jnp.float32,
         sharding=shard,
         remat=spec.remat,
+        attention=spec.attention,
     )
     tok = tokenizers.load(spec.tokenizer)
   else:
     model = models.load_hf(
-        checkpoint, dtype=dtype, param_dtype=jnp.float32, sharding=shard, remat=spec.remat
+        checkpoint,
+        dtype=dtype,
+        param_dtype=jnp.float32,
+        sharding=shard,
+        remat=spec.remat,
+        attention=spec.attention,
     )
     if os.path.exists(os.path.join(checkpoint, "tokenizer.json")):
       tok = tokenizers.load(checkpoint)
