@@ -253,14 +253,16 @@ class Sharder:
 
 @functools.lru_cache(maxsize=1)
 def param_axes() -> Dict[Tuple[str, ...], Tuple]:
-  """{parameter path: logical axes} of the Qwen2 policy and critic (from their metadata)."""
+  """{parameter path: logical axes} of the policy and critic of every family (from their
+  metadata): Qwen2's q/k/v biases and Qwen3's q/k norms included."""
   from flax import nnx  # pylint: disable=g-import-not-at-top
   from ragen_jax import models  # pylint: disable=g-import-not-at-top
 
   table = {}
-  config = models.get_config("tiny").replace(tie_word_embeddings=False)  # with lm_head
-  for cls in (models.Qwen2, models.Qwen2Critic):
-    abstract = nnx.eval_shape(lambda cls=cls: cls(config, rngs=nnx.Rngs(0)))
-    for path, var in nnx.to_flat_state(nnx.state(abstract, nnx.Param)):
-      table[tuple(path)] = tuple(var.get_metadata().get("out_sharding") or ())
+  tiny = models.get_config("tiny").replace(tie_word_embeddings=False)  # with lm_head
+  for config in (tiny, tiny.replace(model_type="qwen3")):
+    for cls in (models.Qwen2, models.Qwen2Critic):
+      abstract = nnx.eval_shape(lambda cls=cls, config=config: cls(config, rngs=nnx.Rngs(0)))
+      for path, var in nnx.to_flat_state(nnx.state(abstract, nnx.Param)):
+        table[tuple(path)] = tuple(var.get_metadata().get("out_sharding") or ())
   return table

@@ -30,7 +30,9 @@ def _shard_elements(config, sharder):
   return total
 
 
-@pytest.mark.parametrize("name", ["tiny", "qwen2.5-0.5b", "qwen2.5-7b"])
+@pytest.mark.parametrize(
+    "name", ["tiny", "qwen2.5-0.5b", "qwen2.5-7b", "qwen3-0.6b", "llama-3.2-1b"]
+)
 @pytest.mark.parametrize("mesh", [(1, 1, 1), (1, 4, 2), (2, 2, 2)])
 def test_parameter_share_matches_the_model_arrays(name, mesh):
   config = models.get_config(name)

@@ -177,4 +177,4 @@ def test_xla_choice_has_no_custom_kernel_on_cpu():
   if jax.default_backend() != "cpu":
     pytest.skip("checks the CPU program")
   text = _lowered_text("auto", jnp.float32)
-  assert "custom_call_target=\"__cudnn" not in text and "tpu_custom_call" not in text
+  assert 'custom_call_target="__cudnn' not in text and "tpu_custom_call" not in text

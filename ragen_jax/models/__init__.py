@@ -1,7 +1,7 @@
-"""Qwen2 policy and critic models, presets, and Hugging Face checkpoint I/O.
+"""Qwen2 / Qwen3 / Llama 3.x policy and critic models, presets, and Hugging Face checkpoint I/O.
 
     from ragen_jax import models
-    model = models.load_hf("/path/to/Qwen2.5-0.5B-Instruct", dtype=jnp.bfloat16)
+    model = models.load_hf("/path/to/Qwen2.5-0.5B-Instruct", dtype=jnp.bfloat16)  # or Qwen3, Llama
     logits_BxTxV = model(input_ids_BxT, attention_mask=mask_BxT)
     models.save_hf(model, out_dir)
     model = models.create("tiny", jax.random.key(0))
@@ -16,6 +16,7 @@ from ragen_jax.models.config import get_config
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.config import num_params
 from ragen_jax.models.config import PRESETS
+from ragen_jax.models.config import RopeScaling
 from ragen_jax.models.qwen2 import create
 from ragen_jax.models.qwen2 import critic_from_policy
 from ragen_jax.models.qwen2 import Decoder

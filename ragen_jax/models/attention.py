@@ -56,7 +56,9 @@ def resolve(name: str, dtype, head_dim: int, platform: str | None = None) -> str
     if dtype not in _HALF:
       raise ValueError(f"model.attention 'cudnn' needs dtype bfloat16 or float16, not {dtype}")
     if not _cudnn_head_ok(head_dim):
-      raise ValueError(f"model.attention 'cudnn' needs head_dim a multiple of 8 <= 128, not {head_dim}")
+      raise ValueError(
+          f"model.attention 'cudnn' needs head_dim a multiple of 8 <= 128, not {head_dim}"
+      )
   if name == "splash" and platform != "tpu":
     raise ValueError(f"model.attention 'splash' needs a TPU; this backend is {platform}")
   return name
@@ -168,7 +170,9 @@ def _splash(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh, key_mask_BxT, interpret):
 
   def one_row(q_KxGxTxDh, k_KxTxDh, v_KxTxDh, segment_T):
     ids = segment_ids(q=segment_T, kv=segment_T)
-    return jax.vmap(lambda q, kk, vv: run(q, kk, vv, segment_ids=ids))(q_KxGxTxDh, k_KxTxDh, v_KxTxDh)
+    return jax.vmap(lambda q, kk, vv: run(q, kk, vv, segment_ids=ids))(
+        q_KxGxTxDh, k_KxTxDh, v_KxTxDh
+    )
 
   out_BxKxGxTxDh = jax.vmap(one_row)(q_BxKxGxTxDh, k_BxKxTxDh, v_BxKxTxDh, segment_BxT)
   out_BxTxHxDh = out_BxKxGxTxDh.transpose(0, 3, 1, 2, 4).reshape(b, tp, h, dh)[:, :t]

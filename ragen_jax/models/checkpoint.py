@@ -1,4 +1,4 @@
-"""Reads and writes Hugging Face Qwen2 checkpoints (config.json + safetensors).
+"""Reads and writes Hugging Face Qwen2, Qwen3 and Llama checkpoints (config.json + safetensors).
 
 Loading streams: the model is first built abstractly (`nnx.eval_shape`, no
 memory), then each stacked parameter is filled one Hugging Face tensor at a
@@ -42,7 +42,7 @@ _SHARD_NAME = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
 
 
 def _layer_specs(c: ModelConfig):
-  """(our name, HF name suffix, HF shape, to-ours, to-HF) per layer tensor."""
+  """(our name, HF name suffix, HF shape, to-ours, to-HF) per layer tensor the config has."""
   d, h, k, dh, f = (c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size)
 
   def proj_in(n):  # HF [n*Dh, D] -> ours [D, n, Dh]
@@ -53,14 +53,25 @@ def _layer_specs(c: ModelConfig):
 
   ident = (lambda w: w), (lambda w: w)
   transpose = (lambda w: w.T), (lambda w: w.T)
+  attention = [
+      ("q_kernel", "self_attn.q_proj.weight", (h * dh, d), *proj_in(h)),
+      ("k_kernel", "self_attn.k_proj.weight", (k * dh, d), *proj_in(k)),
+      ("v_kernel", "self_attn.v_proj.weight", (k * dh, d), *proj_in(k)),
+  ]
+  if c.attention_bias:  # Qwen2
+    attention += [
+        ("q_bias", "self_attn.q_proj.bias", (h * dh,), *bias(h)),
+        ("k_bias", "self_attn.k_proj.bias", (k * dh,), *bias(k)),
+        ("v_bias", "self_attn.v_proj.bias", (k * dh,), *bias(k)),
+    ]
+  if c.qk_norm:  # Qwen3
+    attention += [
+        ("q_norm", "self_attn.q_norm.weight", (dh,), *ident),
+        ("k_norm", "self_attn.k_norm.weight", (dh,), *ident),
+    ]
   return [
       ("attn_norm", "input_layernorm.weight", (d,), *ident),
-      ("q_kernel", "self_attn.q_proj.weight", (h * dh, d), *proj_in(h)),
-      ("q_bias", "self_attn.q_proj.bias", (h * dh,), *bias(h)),
-      ("k_kernel", "self_attn.k_proj.weight", (k * dh, d), *proj_in(k)),
-      ("k_bias", "self_attn.k_proj.bias", (k * dh,), *bias(k)),
-      ("v_kernel", "self_attn.v_proj.weight", (k * dh, d), *proj_in(k)),
-      ("v_bias", "self_attn.v_proj.bias", (k * dh,), *bias(k)),
+      *attention,
       # HF [D, H*Dh] -> ours [H, Dh, D]
       (
           "o_kernel",
@@ -130,8 +141,8 @@ def read_config(path: str, **overrides) -> ModelConfig:
 
   Raises:
     FileNotFoundError: no config.json.
-    ValueError: config.json is not JSON, lacks a key or holds what Qwen2 cannot be; the message
-      names the file.
+    ValueError: config.json is not JSON, lacks a key or holds a model type or feature that is
+      not supported; the message names the file.
   """
   config_path = os.path.join(path, "config.json")
   if not os.path.isfile(config_path):
@@ -202,7 +213,7 @@ def load_hf(
     sharding=None,
     **overrides,
 ) -> Qwen2 | Qwen2Critic:
-  """Loads a local Hugging Face Qwen2 / Qwen2.5 checkpoint directory.
+  """Loads a local Hugging Face Qwen2 / Qwen2.5, Qwen3 or Llama 3.x checkpoint directory.
 
   Args:
     path: directory with config.json and model.safetensors, or sharded
@@ -216,7 +227,8 @@ def load_hf(
     **overrides: other ModelConfig fields (remat, attention).
 
   Returns:
-    The Qwen2 (or Qwen2Critic) module with the checkpoint's weights.
+    The Qwen2 (or Qwen2Critic) module with the checkpoint's weights (the Qwen2 classes run all
+    three families, `config.model_type` says which).
 
   Raises:
     FileNotFoundError: config.json or the weights are missing.
@@ -295,7 +307,8 @@ def _place_shards(out_dir: str, shards: list[tuple[str, list[str]]]) -> set[str]
 
 
 def save_hf(model: Qwen2, out_dir: str, *, max_shard_bytes: int = 4 * 2**30) -> None:
-  """Writes config.json and safetensors that `transformers` loads as Qwen2.
+  """Writes config.json and safetensors that `transformers` loads as the model's family
+  (Qwen2ForCausalLM, Qwen3ForCausalLM or LlamaForCausalLM).
 
   Tensors keep the model's param_dtype. Checkpoints larger than
   `max_shard_bytes` are split into model-0000i-of-0000n.safetensors plus

@@ -1,4 +1,9 @@
-"""Qwen2 model configuration, presets and the mapping to Hugging Face config.json.
+"""Decoder configuration (Qwen2, Qwen3, Llama 3.x), presets and the Hugging Face config.json.
+
+The three families share one decoder (pre-norm, grouped-query attention, RoPE, SwiGLU); they
+differ in q/k/v biases (Qwen2), per-head RMSNorm of q and k (Qwen3) and RoPE frequency scaling
+(Llama 3.1+). ModelConfig names each difference (`attention_bias`, `qk_norm`, `rope_scaling`),
+so the model code reads features, never family names.
 
 Dimension legend used across `ragen_jax.models`:
   B batch, T new tokens, S keys (cache capacity, or T without a cache),
@@ -18,7 +23,7 @@ from ragen_jax.models.attention import IMPLEMENTATIONS
 SENTENCEPIECE_VOCAB_SIZE = 2048
 
 
-# config.json keys without which a Qwen2 decoder has no shape (the others have defaults).
+# config.json keys without which a decoder has no shape (the others have defaults).
 _HF_REQUIRED_KEYS = (
     "vocab_size",
     "hidden_size",
@@ -29,8 +34,82 @@ _HF_REQUIRED_KEYS = (
 
 
 @dataclasses.dataclass(frozen=True)
+class _Family:
+  """What a Hugging Face model_type fixes, and its config class's defaults for absent keys."""
+
+  architecture: str
+  attention_bias: bool  # q/k/v projections carry biases (o_proj never does)
+  qk_norm: bool  # RMSNorm over each head's Dh on q and k, before RoPE
+  head_dim: int | None  # None: hidden_size // num_attention_heads
+  max_position_embeddings: int
+
+
+FAMILIES = {
+    "qwen2": _Family("Qwen2ForCausalLM", True, False, None, 32768),
+    "qwen3": _Family("Qwen3ForCausalLM", False, True, 128, 32768),
+    "llama": _Family("LlamaForCausalLM", False, False, None, 2048),
+}
+ROPE_TYPES = ("default", "llama3")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+  """Llama 3.1's RoPE frequency remapping (Hugging Face rope_type "llama3").
+
+  Frequencies whose wavelength is shorter than original / high_freq_factor are kept,
+  those longer than original / low_freq_factor are divided by `factor`, and the ones in
+  between are interpolated (`layers.rope_inv_freq`). Frozen and flat, so it can sit in a
+  hashable ModelConfig.
+
+  Attributes:
+    factor: divisor of the low frequencies.
+    low_freq_factor: wavelengths above original / low_freq_factor are divided by `factor`.
+    high_freq_factor: wavelengths below original / high_freq_factor are kept as they are.
+    original_max_position_embeddings: the context length of pre-training.
+    rope_type: "llama3", the only remapping implemented.
+  """
+
+  factor: float
+  low_freq_factor: float
+  high_freq_factor: float
+  original_max_position_embeddings: int
+  rope_type: str = "llama3"
+
+  def __post_init__(self):
+    if self.rope_type != "llama3":
+      raise ValueError(
+          f"rope_type {self.rope_type!r} is not supported (supported: {', '.join(ROPE_TYPES)})"
+      )
+    for name in ("factor", "low_freq_factor", "high_freq_factor"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"rope scaling {name} must be a positive number, got {value!r}")
+      object.__setattr__(self, name, float(value))
+    original = self.original_max_position_embeddings
+    if isinstance(original, bool) or not isinstance(original, int) or original <= 0:
+      raise ValueError(
+          f"rope scaling original_max_position_embeddings must be a positive int, got {original!r}"
+      )
+    if self.low_freq_factor >= self.high_freq_factor:
+      raise ValueError(
+          f"rope scaling low_freq_factor {self.low_freq_factor} must be below "
+          f"high_freq_factor {self.high_freq_factor}"
+      )
+
+  def to_hf_dict(self) -> dict[str, Any]:
+    """The rope_scaling / rope_parameters entries (without rope_theta)."""
+    return {
+        "rope_type": self.rope_type,
+        "factor": self.factor,
+        "low_freq_factor": self.low_freq_factor,
+        "high_freq_factor": self.high_freq_factor,
+        "original_max_position_embeddings": self.original_max_position_embeddings,
+    }
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Shapes and numerics of a Qwen2-architecture decoder.
+  """Shapes and numerics of a Qwen2, Qwen3 or Llama 3.x decoder.
 
   Attributes:
     vocab_size: V, rows of the embedding (may exceed the tokenizer's size).
@@ -39,7 +118,7 @@ class ModelConfig:
     num_layers: L.
     num_heads: H, query heads.
     num_kv_heads: K, key/value heads (grouped-query attention); divides H.
-    head_dim: Dh; Qwen2 uses D // H, other values are valid too.
+    head_dim: Dh; Qwen2 and Llama use D // H, Qwen3 sets it independently (128).
     rope_theta: rotary base frequency.
     rms_norm_eps: epsilon inside every RMSNorm.
     tie_word_embeddings: the LM head is the transposed embedding.
@@ -49,6 +128,10 @@ class ModelConfig:
     remat: rematerialise each layer in the backward pass (saves memory).
     attention: the self-attention kernel, one of `attention.IMPLEMENTATIONS` (auto picks by
       device and dtype; see ragen_jax/models/attention.py).
+    model_type: the Hugging Face family, one of `FAMILIES` ("qwen2", "qwen3", "llama"): the
+      class config.json names, and with it `attention_bias` and `qk_norm`.
+    rope_scaling: RoPE frequency remapping (Llama 3.1+), a RopeScaling or its dict; None for
+      plain RoPE.
   """
 
   vocab_size: int
@@ -66,9 +149,21 @@ class ModelConfig:
   param_dtype: Any = jnp.float32
   remat: bool = False
   attention: str = "auto"
+  model_type: str = "qwen2"
+  rope_scaling: RopeScaling | None = None
 
   def __post_init__(self):
     # Frozen dataclass: normalise through object.__setattr__.
+    if self.model_type not in FAMILIES:
+      raise ValueError(
+          f"model_type {self.model_type!r} is not supported (supported: {', '.join(FAMILIES)})"
+      )
+    if isinstance(self.rope_scaling, dict):
+      object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
+    if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+      raise ValueError(
+          f"rope_scaling must be a RopeScaling, its dict or None, got {self.rope_scaling!r}"
+      )
     if self.head_dim is None:
       if self.num_heads <= 0 or self.hidden_size % self.num_heads:
         raise ValueError(
@@ -105,6 +200,20 @@ class ModelConfig:
       if not jnp.issubdtype(getattr(self, name), jnp.floating):
         raise ValueError(f"{name} must be a floating dtype, got {getattr(self, name)}")
 
+  # Derived, not fields: transformers fixes both per class (an attention_bias in Llama's or
+  # Qwen3's config.json also adds an o_proj bias, which this decoder lacks), so no other
+  # combination could be exported, and `replace(model_type=...)` stays consistent.
+  @property
+  def attention_bias(self) -> bool:
+    """The q/k/v projections carry biases (Qwen2)."""
+    return FAMILIES[self.model_type].attention_bias
+
+  @property
+  def qk_norm(self) -> bool:
+    """q and k pass through an RMSNorm over Dh before RoPE, one [Dh] scale per layer shared by
+    the heads (Qwen3)."""
+    return FAMILIES[self.model_type].qk_norm
+
   @property
   def num_groups(self) -> int:
     """G, query heads sharing one kv head."""
@@ -115,10 +224,11 @@ class ModelConfig:
 
   @classmethod
   def from_hf_dict(cls, d: dict[str, Any], **overrides) -> "ModelConfig":
-    """Builds a config from a Hugging Face Qwen2 `config.json` dict.
+    """Builds a config from a Hugging Face Qwen2, Qwen3 or Llama `config.json` dict.
 
-    Accepts both the transformers v4 layout (`rope_theta` at the top level) and
-    the v5 layout (`rope_parameters`).
+    Accepts both the transformers v4 layout (`rope_theta` and `rope_scaling` at the top
+    level) and the v5 layout (`rope_parameters`). Absent keys take the defaults of the
+    model_type's transformers config class.
 
     Args:
       d: the parsed config.json.
@@ -129,23 +239,53 @@ class ModelConfig:
 
     Raises:
       ValueError: a required key is missing, or a model type or feature this implementation
-        lacks.
+        lacks (the message names it and what is supported).
     """
     missing = [k for k in _HF_REQUIRED_KEYS if k not in d]
     if missing:
       raise ValueError(f"missing required key(s) {', '.join(map(repr, missing))}")
     model_type = d.get("model_type", "qwen2")
-    if model_type != "qwen2":
-      raise ValueError(f"model_type {model_type!r} is not supported (only 'qwen2')")
+    if model_type not in FAMILIES:
+      raise ValueError(
+          f"model_type {model_type!r} is not supported (supported: {', '.join(FAMILIES)})"
+      )
+    family = FAMILIES[model_type]
     if d.get("use_sliding_window", False):
       raise ValueError("use_sliding_window=true is not supported")
     if d.get("hidden_act", "silu") != "silu":
       raise ValueError(f"hidden_act {d['hidden_act']!r} is not supported (only 'silu')")
-    rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+    # Qwen2's config has no such keys (its q/k/v biases are fixed); Llama's and Qwen3's
+    # attention_bias also puts a bias on o_proj, and mlp_bias on the MLP: neither exists here.
+    for key in ("attention_bias", "mlp_bias"):
+      if model_type != "qwen2" and d.get(key, False):
+        raise ValueError(f"{key}=true is not supported for model_type {model_type!r}")
+    if d.get("pretraining_tp", 1) not in (1, None):
+      raise ValueError(f"pretraining_tp {d['pretraining_tp']!r} is not supported (only 1)")
+    # transformers v5 lets a legacy rope_scaling win over rope_parameters; v4 knows only it.
+    rope = d.get("rope_scaling") or d.get("rope_parameters") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-      raise ValueError(f"rope_type {rope_type!r} is not supported (only 'default')")
+    if rope_type not in ROPE_TYPES:
+      raise ValueError(
+          f"rope_type {rope_type!r} is not supported (supported: {', '.join(ROPE_TYPES)})"
+      )
+    if rope.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0)) != 1.0:
+      raise ValueError("partial_rotary_factor other than 1 is not supported")
     rope_theta = rope.get("rope_theta", d.get("rope_theta", 10000.0))
+    max_positions = d.get("max_position_embeddings", family.max_position_embeddings)
+    rope_scaling = None
+    if rope_type == "llama3":
+      absent = [k for k in ("factor", "low_freq_factor", "high_freq_factor") if k not in rope]
+      if absent:
+        raise ValueError(f"rope_type 'llama3' lacks {', '.join(map(repr, absent))}")
+      rope_scaling = RopeScaling(
+          factor=rope["factor"],
+          low_freq_factor=rope["low_freq_factor"],
+          high_freq_factor=rope["high_freq_factor"],
+          # transformers falls back to max_position_embeddings.
+          original_max_position_embeddings=rope.get(
+              "original_max_position_embeddings", max_positions
+          ),
+      )
     fields = dict(
         vocab_size=d["vocab_size"],
         hidden_size=d["hidden_size"],
@@ -153,21 +293,25 @@ class ModelConfig:
         num_layers=d["num_hidden_layers"],
         num_heads=d["num_attention_heads"],
         num_kv_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
-        head_dim=d.get("head_dim"),
+        head_dim=d.get("head_dim") or family.head_dim,
         rope_theta=float(rope_theta),
         rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-        # Qwen2Config's own default when the key is missing.
+        # The transformers classes' own default when the key is missing.
         tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-        max_position_embeddings=d.get("max_position_embeddings", 32768),
+        max_position_embeddings=max_positions,
+        model_type=model_type,
+        rope_scaling=rope_scaling,
     )
     fields.update(overrides)
     return cls(**fields)
 
   def to_hf_dict(self) -> dict[str, Any]:
-    """Returns a config.json dict that transformers (v4 and v5) loads as Qwen2."""
-    return {
-        "architectures": ["Qwen2ForCausalLM"],
-        "model_type": "qwen2",
+    """Returns a config.json dict that transformers (v4 and v5) loads as this model_type's
+    causal LM class (Qwen2ForCausalLM, Qwen3ForCausalLM or LlamaForCausalLM)."""
+    scaling = None if self.rope_scaling is None else self.rope_scaling.to_hf_dict()
+    d = {
+        "architectures": [FAMILIES[self.model_type].architecture],
+        "model_type": self.model_type,
         "vocab_size": self.vocab_size,
         "hidden_size": self.hidden_size,
         "intermediate_size": self.intermediate_size,
@@ -177,16 +321,26 @@ class ModelConfig:
         "head_dim": self.head_dim,
         "hidden_act": "silu",
         "rms_norm_eps": self.rms_norm_eps,
-        # Both spellings: v4 reads rope_theta, v5 reads rope_parameters.
+        # Both spellings: v4 reads rope_theta and rope_scaling, v5 reads rope_parameters.
         "rope_theta": self.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+        "rope_scaling": scaling,
+        "rope_parameters": {
+            **(scaling or {"rope_type": "default"}),
+            "rope_theta": self.rope_theta,
+        },
         "tie_word_embeddings": self.tie_word_embeddings,
         "max_position_embeddings": self.max_position_embeddings,
-        "use_sliding_window": False,
         "attention_dropout": 0.0,
         "torch_dtype": self.param_dtype.name,
         "dtype": self.param_dtype.name,
     }
+    if self.model_type in ("qwen2", "qwen3"):
+      d["use_sliding_window"] = False
+    if self.model_type in ("qwen3", "llama"):
+      d["attention_bias"] = False
+    if self.model_type == "llama":
+      d["mlp_bias"] = False
+    return d
 
 
 def _qwen25(hidden, inter, layers, heads, kv_heads, tied, vocab=151936):
@@ -204,6 +358,46 @@ def _qwen25(hidden, inter, layers, heads, kv_heads, tied, vocab=151936):
   )
 
 
+def _qwen3(hidden, inter, layers, heads, tied):
+  return ModelConfig(
+      vocab_size=151936,
+      hidden_size=hidden,
+      intermediate_size=inter,
+      num_layers=layers,
+      num_heads=heads,
+      num_kv_heads=8,
+      head_dim=128,
+      rope_theta=1e6,
+      rms_norm_eps=1e-6,
+      tie_word_embeddings=tied,
+      max_position_embeddings=40960,
+      model_type="qwen3",
+  )
+
+
+def _llama32(hidden, layers, heads, head_dim):
+  return ModelConfig(
+      vocab_size=128256,
+      hidden_size=hidden,
+      intermediate_size=8192,
+      num_layers=layers,
+      num_heads=heads,
+      num_kv_heads=8,
+      head_dim=head_dim,
+      rope_theta=500000.0,
+      rms_norm_eps=1e-5,
+      tie_word_embeddings=True,
+      max_position_embeddings=131072,
+      model_type="llama",
+      rope_scaling=RopeScaling(
+          factor=32.0,
+          low_freq_factor=1.0,
+          high_freq_factor=4.0,
+          original_max_position_embeddings=8192,
+      ),
+  )
+
+
 # Shapes and tie flags of the published Qwen2.5 checkpoints (config.json of the
 # base and Instruct models agree). 0.5B/1.5B/3B tie the LM head to the
 # embedding; 7B does not and pads its vocabulary to 152064 rows.
@@ -212,6 +406,15 @@ PRESETS: dict[str, ModelConfig] = {
     "qwen2.5-1.5b": _qwen25(1536, 8960, 28, 12, 2, tied=True),
     "qwen2.5-3b": _qwen25(2048, 11008, 36, 16, 2, tied=True),
     "qwen2.5-7b": _qwen25(3584, 18944, 28, 28, 4, tied=False, vocab=152064),
+    # Qwen3 (config.json of Qwen/Qwen3-*): head_dim 128 whatever the width; 8B unties the head.
+    "qwen3-0.6b": _qwen3(1024, 3072, 28, 16, tied=True),
+    "qwen3-1.7b": _qwen3(2048, 6144, 28, 16, tied=True),
+    "qwen3-4b": _qwen3(2560, 9728, 36, 32, tied=True),
+    "qwen3-8b": _qwen3(4096, 12288, 36, 32, tied=False),
+    # Llama 3.2 (config.json of meta-llama/Llama-3.2-*): both tie the head, llama3 RoPE scaling
+    # of 8192 pre-training positions to 131072.
+    "llama-3.2-1b": _llama32(2048, 16, 32, head_dim=64),
+    "llama-3.2-3b": _llama32(3072, 28, 24, head_dim=128),
     # ~1.1M parameters: trains in seconds per step on a 2-core CPU.
     "tiny": ModelConfig(
         vocab_size=SENTENCEPIECE_VOCAB_SIZE,
@@ -267,7 +470,11 @@ def num_params(config: ModelConfig) -> int:
       config.num_kv_heads,
       config.head_dim,
   )
-  attn = d * h * dh + h * dh + 2 * (d * k * dh + k * dh) + h * dh * d
+  attn = d * h * dh + 2 * d * k * dh + h * dh * d
+  if config.attention_bias:
+    attn += h * dh + 2 * k * dh
+  if config.qk_norm:
+    attn += 2 * dh
   layer = attn + 3 * d * f + 2 * d
   embed = config.vocab_size * d * (1 if config.tie_word_embeddings else 2)
   return config.num_layers * layer + embed + d

@@ -1,5 +1,9 @@
 """Qwen2 decoder in Flax NNX: causal LM, critic, and a static-shape KV cache.
 
+One implementation serves the Qwen2, Qwen3 and Llama 3.x families: the config's
+`attention_bias` (Qwen2's q/k/v biases), `qk_norm` (Qwen3) and `rope_scaling` (Llama 3.1+)
+say which parameters exist and how q and k are computed; the class names stay Qwen2.
+
 Layers are stacked: every per-layer parameter carries a leading L axis and the
 forward pass is one `lax.scan`, so compile time does not grow with depth and
 the KV cache is a single [L, ...] array per tensor. Use the modules
@@ -157,9 +161,13 @@ class DecoderLayers(nnx.Module):
     for (name, (_, axes)), value in zip(kernels.items(), values):
       setattr(self, name, _param(value, axes, pd))
     # transformers initialises biases to 0 and norm scales to 1.
-    self.q_bias = _param(jnp.zeros((l, h, dh)), ("layers", "heads", "head_dim"), pd)
-    self.k_bias = _param(jnp.zeros((l, k, dh)), ("layers", "kv_heads", "head_dim"), pd)
-    self.v_bias = _param(jnp.zeros((l, k, dh)), ("layers", "kv_heads", "head_dim"), pd)
+    if c.attention_bias:  # Qwen2
+      self.q_bias = _param(jnp.zeros((l, h, dh)), ("layers", "heads", "head_dim"), pd)
+      self.k_bias = _param(jnp.zeros((l, k, dh)), ("layers", "kv_heads", "head_dim"), pd)
+      self.v_bias = _param(jnp.zeros((l, k, dh)), ("layers", "kv_heads", "head_dim"), pd)
+    if c.qk_norm:  # Qwen3: one [Dh] scale per layer, shared by all heads
+      self.q_norm = _param(jnp.ones((l, dh)), ("layers", "head_dim"), pd)
+      self.k_norm = _param(jnp.ones((l, dh)), ("layers", "head_dim"), pd)
     self.attn_norm = _param(jnp.ones((l, d)), ("layers", "embed"), pd)
     self.mlp_norm = _param(jnp.ones((l, d)), ("layers", "embed"), pd)
 
@@ -183,16 +191,20 @@ def _decoder_layer(c: ModelConfig, p: dict[str, jax.Array], x_BxTxD, positions_B
 
   # Projections as 2-D [B*T, D] matmuls: XLA:CPU runs their backward (contracting over
   # both B and T) about 2x faster than the batched einsum form; same math on any device.
-  def project(h_NxD, kernel_DxNxE, bias_NxE):
+  def project(h_NxD, kernel_DxNxE, bias_NxE=None):
     n, e = kernel_DxNxE.shape[1:]
-    return (h_NxD @ kernel_DxNxE.reshape(d, n * e)).reshape(b, t, n, e) + bias_NxE[None, None]
+    out_BxTxNxE = (h_NxD @ kernel_DxNxE.reshape(d, n * e)).reshape(b, t, n, e)
+    return out_BxTxNxE if bias_NxE is None else out_BxTxNxE + bias_NxE[None, None]
 
   h_NxD = ops.rms_norm(x_BxTxD, p["attn_norm"], c.rms_norm_eps).reshape(b * t, d)
-  q_BxTxHxDh = project(h_NxD, p["q_kernel"], p["q_bias"])
-  k_BxTxKxDh = project(h_NxD, p["k_kernel"], p["k_bias"])
-  v_BxTxKxDh = project(h_NxD, p["v_kernel"], p["v_bias"])
-  q_BxTxHxDh = ops.rope(q_BxTxHxDh, positions_BxT, c.rope_theta)
-  k_BxTxKxDh = ops.rope(k_BxTxKxDh, positions_BxT, c.rope_theta)
+  q_BxTxHxDh = project(h_NxD, p["q_kernel"], p.get("q_bias"))  # biases: Qwen2 only
+  k_BxTxKxDh = project(h_NxD, p["k_kernel"], p.get("k_bias"))
+  v_BxTxKxDh = project(h_NxD, p["v_kernel"], p.get("v_bias"))
+  if c.qk_norm:  # Qwen3: RMSNorm of each head's q and k, before RoPE
+    q_BxTxHxDh = ops.rms_norm(q_BxTxHxDh, p["q_norm"], c.rms_norm_eps)
+    k_BxTxKxDh = ops.rms_norm(k_BxTxKxDh, p["k_norm"], c.rms_norm_eps)
+  q_BxTxHxDh = ops.rope(q_BxTxHxDh, positions_BxT, c.rope_theta, c.rope_scaling)
+  k_BxTxKxDh = ops.rope(k_BxTxKxDh, positions_BxT, c.rope_theta, c.rope_scaling)
   attn_BxTxHxDh, aux = attend(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh)
   x_BxTxD = x_BxTxD + (attn_BxTxHxDh.reshape(b * t, -1) @ p["o_kernel"].reshape(-1, d)).reshape(
       b, t, d

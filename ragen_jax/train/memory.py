@@ -46,12 +46,15 @@ def param_elements(c: models.ModelConfig, sharder) -> float:
       per((l, "layers"), (d, "embed"), (h, "heads"), (dh, "head_dim")) * 2  # q, o
       + per((l, "layers"), (d, "embed"), (k, "kv_heads"), (dh, "head_dim")) * 2  # k, v
       + per((l, "layers"), (d, "embed"), (f, "mlp")) * 3
-      + per((l, "layers"), (h, "heads"), (dh, "head_dim"))
-      + 2 * per((l, "layers"), (k, "kv_heads"), (dh, "head_dim"))
       + 2 * per((l, "layers"), (d, "embed"))
       + per((v, "vocab"), (d, "embed")) * (1 if c.tie_word_embeddings else 2)
       + per((d, "embed"))
   )
+  if c.attention_bias:  # Qwen2's q/k/v biases
+    total += per((l, "layers"), (h, "heads"), (dh, "head_dim"))
+    total += 2 * per((l, "layers"), (k, "kv_heads"), (dh, "head_dim"))
+  if c.qk_norm:  # Qwen3's q/k norm scales
+    total += 2 * per((l, "layers"), (dh, "head_dim"))
   return total
 
 
