@@ -32,7 +32,7 @@ Q length of a stop sequence.
 """
 
 import functools
-from typing import NamedTuple, Sequence, Tuple
+from typing import NamedTuple, Sequence
 
 from flax import nnx
 from flax import struct
@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax import models
+
 
 class SampleOutput(NamedTuple):
   tokens_BxN: jax.Array  # int32, pad_id after a row stops

@@ -274,6 +274,7 @@ class Decoder(nnx.Module):
     # Left padding: a real token's position counts only the real tokens before
     # it, so padded and unpadded sequences get identical logits.
     new_positions_BxT = jnp.cumsum(mask_BxT, axis=1, dtype=jnp.int32) - 1
+    end = key_mask_BxS = mask_BxTxS = None  # set when there is a cache
     if cache is not None:
       if t > cache.capacity:
         raise ValueError(f"{t} new tokens exceed the cache capacity {cache.capacity}")
