@@ -174,40 +174,59 @@ HARDWARE = {
     "v5e8": dict(devices=8, memory_gib=16),  # TPU v5e-8: 8 chips x 16 GB, fsdp over all 8
 }
 SCALES = ("smoke", "debug")
-# Variant names in use, each also a shorthand: `qwen2.5-3b-h100` = `model=qwen2.5-3b,hw=h100`.
+# Parameter storage (`params=`): bfloat16 weights, updated from float32 AdamW moments
+# (ragen_jax/algos/optim.py says what bfloat16 weights lose).
+PRECISIONS = ("bf16",)
+# Variant names in use, each also a shorthand: `qwen2.5-3b-h100` = `model=qwen2.5-3b,hw=h100`,
+# `qwen2.5-7b-h100-bf16` = `model=qwen2.5-7b,hw=h100,params=bf16`.
 VARIANTS = (
     *SCALES,
     *MODELS,
     *(f"{q}-{h}" for q in ("qwen2.5-0.5b", "qwen2.5-3b") for h in HARDWARE),
+    *(f"{q}-h100-bf16" for q in ("qwen2.5-3b", "qwen2.5-7b")),
 )
 
 
-def parse_variant(arg: Optional[str]) -> Dict[str, str]:
-  """`configs/x.py:<arg>` as {"model", "hw", "scale"}: comma-separated `model=M`, `hw=H`, a
-  scale (smoke | debug), a model name, or `<model>-<hw>`, in any order."""
+def _shorthand(item: str) -> Optional[Dict[str, str]]:
+  """`<model>[-<hw>][-<precision>]` as {"model", "hw", "params"}; None for anything else."""
   out = {}
+  rest, _, last = item.rpartition("-")
+  if last in PRECISIONS:
+    item, out["params"] = rest, last
+  rest, _, last = item.rpartition("-")
+  if rest in MODELS and last in HARDWARE:
+    item, out["hw"] = rest, last
+  if item not in MODELS:
+    return None
+  return {"model": item, **out}
+
+
+def parse_variant(arg: Optional[str]) -> Dict[str, str]:
+  """`configs/x.py:<arg>` as {"model", "hw", "params", "scale"}: comma-separated `model=M`,
+  `hw=H`, `params=P`, a scale (smoke | debug), or a name `<model>[-<hw>][-<precision>]`
+  (`qwen2.5-3b`, `qwen2.5-3b-h100`, `qwen2.5-3b-h100-bf16`), in any order."""
+  out = {}
+  valid = {"model": MODELS, "hw": tuple(HARDWARE), "params": PRECISIONS, "scale": SCALES}
   for item in filter(None, (arg or "").split(",")):
     key, eq, value = item.partition("=")
-    if not eq:
-      if item in SCALES:
-        key, value = "scale", item
-      elif item in MODELS:
-        key, value = "model", item
-      elif item.rpartition("-")[0] in MODELS and item.rpartition("-")[2] in HARDWARE:
-        out["model"], _, value = item.rpartition("-")
-        key = "hw"
-      else:
-        key = None
-    valid = {"model": MODELS, "hw": tuple(HARDWARE), "scale": SCALES}
-    if key not in valid or value not in valid[key] or key in out:
-      raise ValueError(
-          f"unknown or repeated config variant {item!r} in {arg!r}; valid: "
-          f"{', '.join(SCALES)}, model=({'|'.join(MODELS)}), hw=({'|'.join(HARDWARE)}), "
-          f"or a name in use ({', '.join(VARIANTS[len(SCALES):])}), joined by commas"
-      )
-    out[key] = value
-  if "hw" in out and "model" not in out:
-    raise ValueError(f"config variant {arg!r}: hw= sizes a real model; add model=...")
+    if eq:
+      pairs = {key: value}
+    elif item in SCALES:
+      pairs = {"scale": item}
+    else:
+      pairs = _shorthand(item) or {None: item}
+    for key, value in pairs.items():
+      if key not in valid or value not in valid[key] or key in out:
+        raise ValueError(
+            f"unknown or repeated config variant {item!r} in {arg!r}; valid: "
+            f"{', '.join(SCALES)}, model=({'|'.join(MODELS)}), hw=({'|'.join(HARDWARE)}), "
+            f"params=({'|'.join(PRECISIONS)}), or a name in use "
+            f"({', '.join(VARIANTS[len(SCALES):])}), joined by commas"
+        )
+      out[key] = value
+  for key in ("hw", "params"):
+    if key in out and "model" not in out:
+      raise ValueError(f"config variant {arg!r}: {key}= sizes a real model; add model=...")
   return out
 
 
@@ -216,13 +235,18 @@ def apply_variant(config: ml_collections.ConfigDict, arg) -> ml_collections.Conf
 
   model=qwen2.5-*: a real checkpoint (`--config.model.checkpoint=DIR`, required) with its own
     tokenizer, no warm start, RAGEN's learning rates and lengths.
-  hw=h100 | v5e8: remat, the mesh and micro-batches for that card (`HARDWARE`).
+  params=bf16: bfloat16 weights (actor, critic, reference) with float32 AdamW moments.
+  hw=h100 | v5e8: remat, the mesh and micro-batches for that card (`HARDWARE`), knowing the
+    weights' dtype.
   smoke: seconds-scale sizes for tests and CI (the whole run well under 2 minutes on 2 cores);
     debug: the same, for quick manual runs of evaluation.
   """
   variant = parse_variant(arg)
   if "model" in variant:
     _model_variant(config, variant["model"])
+  if "params" in variant:
+    config.model.param_dtype = "bfloat16"  # the only precision so far: "bf16"
+    config.ppo.moment_dtype = "float32"
   if "hw" in variant:
     _hardware_variant(config, variant["model"], variant["hw"])
   if "scale" in variant:
@@ -250,17 +274,19 @@ def _hardware_variant(config, preset: str, hardware: str) -> None:
   if hardware == "v5e8":
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, 8, 1
   groups = sum(e.train_groups for e in config.envs.values())
-  if preset == "qwen2.5-3b" and hardware == "h100":
+  if preset == "qwen2.5-3b" and hardware == "h100" and config.model.param_dtype == "float32":
     # 80 GB hold the 3B's ~46 GiB of fp32 weights and AdamW moments plus the KV cache of at most
     # 64 episodes x 3600 tokens (8.5 GiB): more groups (sokoban_ppo samples 8) take smaller ones.
+    # bfloat16 weights (params=bf16) leave room for RAGEN's 128 (64 GiB in all).
     while groups * config.rollout.group_size > 64 and config.rollout.group_size > 1:
       config.rollout.group_size //= 2
   episodes = groups * config.rollout.group_size
   per_minibatch = episodes // config.ppo.num_minibatches
   config.ppo.micro_batches = max(1, per_minibatch // 8)  # 8 sequences per micro-batch
-  if preset == "qwen2.5-3b":
-    # fp32 parameters + AdamW moments of a 3B actor take ~50 GB; a second, separate 3B critic
-    # would not fit 80 GB (or 8 x 16 GB): the value head shares the actor's trunk instead.
+  if preset in ("qwen2.5-3b", "qwen2.5-7b"):
+    # Weights, AdamW moments and gradient sum of a 3B actor take 40-46 GiB (7B: 99-113); a
+    # second, separate critic of that size would not fit 80 GB (or 8 x 16 GB): the value head
+    # shares the actor's trunk instead.
     config.ppo.critic = "shared"
     config.ppo.vf_coef = 0.1
 

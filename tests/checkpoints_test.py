@@ -105,3 +105,36 @@ def test_mismatched_checkpoint_names_the_entry(tmp_path, train_state):
   )
   with pytest.raises(ValueError, match="unexpected entry .*critic"):
     ckpt.restore(no_critic)
+
+
+@pytest.mark.parametrize("moment_dtype", ["float32", "bfloat16"])
+def test_bfloat16_parameters_round_trip_exactly_and_other_dtypes_are_refused(
+    tmp_path, train_state, moment_dtype
+):
+  config, f32_state = train_state
+  actor = models.create(config, jax.random.PRNGKey(0), param_dtype=jnp.bfloat16)
+  cfg = algos.PPOConfig(adv_estimator="gae", moment_dtype=moment_dtype)
+  fresh = algos.init_train_state(actor, None, cfg, jax.random.PRNGKey(1))
+  # Random bits in every floating leaf (moments included), each in its own dtype.
+  leaves, treedef = jax.tree.flatten(fresh)
+  keys = jax.random.split(jax.random.PRNGKey(2), len(leaves))
+  state = jax.tree.unflatten(
+      treedef,
+      [
+          jax.random.normal(k, x.shape).astype(x.dtype)
+          if jnp.issubdtype(x.dtype, jnp.floating)
+          else x
+          for k, x in zip(keys, leaves)
+      ],
+  )
+  assert state.actor_params["decoder"]["embedding"].dtype == jnp.bfloat16
+  assert state.actor_opt[1][0].nu["decoder"]["embedding"].dtype == jnp.dtype(moment_dtype)
+  ckpt = checkpoints.Checkpointer(tmp_path / "ckpt")
+  ckpt.save(1, state)
+  restored, _ = ckpt.restore(jax.eval_shape(lambda: fresh))
+  _assert_same(restored, state)  # bit for bit
+  assert jax.tree.map(lambda x: x.dtype, restored) == jax.tree.map(lambda x: x.dtype, state)
+  # Restoring into a float32 run (another param_dtype, which config_drift refuses first) names
+  # the first entry whose dtype differs instead of converting.
+  with pytest.raises(ValueError, match=r"does not fit this run: .* is bfloat16\[.*\] there but "):
+    ckpt.restore(f32_state)

@@ -89,6 +89,8 @@ def test_unknown_variant_is_named():
         ("sft.random_prob", 2.0, "random_prob"),
         ("model.preset", "huge", "model.preset 'huge' is unknown"),
         ("model.dtype", "int8", "model.dtype"),
+        ("model.param_dtype", "float16", r"model.param_dtype 'float16' not in \('float32'"),
+        ("ppo.moment_dtype", "float16", "ppo.moment_dtype must be one of"),
         ("sft.undo_prob", -0.5, "undo_prob"),
     ],
 )
@@ -238,11 +240,24 @@ def test_variants_compose():
   assert load("sokoban_ppo", "smoke").to_json() == load("sokoban_ppo", "debug").to_json()
 
 
+def test_bf16_variants_keep_ragens_batch_with_float32_moments():
+  named = load("sokoban_ppo", "qwen2.5-3b-h100-bf16")
+  assert named.to_json() == load("sokoban_ppo", "params=bf16,model=qwen2.5-3b,hw=h100").to_json()
+  assert (named.model.param_dtype, named.ppo.moment_dtype) == ("bfloat16", "float32")
+  assert named.rollout.group_size == 16 and named.ppo.critic == "shared"  # RAGEN's 8 x 16
+  assert load("sokoban_ppo", "qwen2.5-3b-h100").rollout.group_size == 8  # float32: 64 episodes
+  seven = load("sokoban_ppo", "qwen2.5-7b-h100-bf16")
+  assert seven.model.param_dtype == "bfloat16" and seven.ppo.critic == "shared"
+  assert load("sokoban_ppo").model.param_dtype == "float32"  # the default
+
+
 @pytest.mark.parametrize(
     "arg, message",
     [
         ("model=qwen9", "unknown or repeated config variant 'model=qwen9'"),
         ("hw=h100", "hw= sizes a real model"),
+        ("params=bf16", "params= sizes a real model"),
+        ("qwen2.5-3b-h100-fp8", "unknown or repeated config variant 'qwen2.5-3b-h100-fp8'"),
         ("smoke,smoke", "repeated"),
         ("size=big", "model=.*hw=.*joined by commas"),
     ],

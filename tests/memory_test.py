@@ -61,6 +61,87 @@ def test_terms_by_hand_for_the_smoke_config():
 
 
 @pytest.mark.parametrize(
+    "param_dtype, moment_dtype, params, optimizer",
+    [
+        ("float32", "float32", 4, 12),  # moments 2 x 4 bytes + the float32 gradient sum
+        ("bfloat16", "float32", 2, 12),
+        ("bfloat16", "bfloat16", 2, 8),  # the gradient sum stays float32
+        ("float32", "bfloat16", 4, 8),
+    ],
+)
+def test_param_and_moment_dtypes_by_hand(param_dtype, moment_dtype, params, optimizer):
+  config = launch_utils.load_config_file("configs/sokoban_ppo.py:smoke")
+  with config.unlocked():
+    config.model.param_dtype, config.ppo.moment_dtype = param_dtype, moment_dtype
+    config.ppo.use_kl_loss, config.ppo.kl_coef = True, 0.001
+  exp = experiment.from_config(config)
+  c = models.get_config("tiny").replace(param_dtype=param_dtype)
+  n = models.num_params(c)
+  est = memory.estimate(exp, c, _layout())
+  assert est["params"] == params * n and est["optimizer"] == optimizer * n
+  assert est["critic"] == (params + optimizer) * n  # separate critic: the same again
+  assert est["reference"] == params * n  # the KL loss's reference, in the parameters' dtype
+
+
+# Qwen2.5-3B: L=36, D=2048, H=16, K=2, Dh=128, F=11008, V=151936, tied head; per layer q and o
+# 2 x 2048 x 2048, k and v 2 x 2048 x 256, MLP 3 x 2048 x 11008, biases 2048 + 2 x 256, norms
+# 2 x 2048 = 77,076,992; x 36 + embedding 151936 x 2048 + final norm 2048.
+N_3B = 36 * (2 * 2048 * 2048 + 2 * 2048 * 256 + 3 * 2048 * 11008 + 2048 + 512 + 2 * 2048) + (
+    151936 * 2048 + 2048
+)
+# Qwen2.5-7B: L=28, D=3584, H=28, K=4, Dh=128, F=18944, V=152064, untied head.
+N_7B = 28 * (2 * 3584 * 3584 + 2 * 3584 * 512 + 3 * 3584 * 18944 + 3584 + 1024 + 2 * 3584) + (
+    2 * 152064 * 3584 + 3584
+)
+
+
+@pytest.mark.parametrize(
+    "variant, n, kv_cache, activations",
+    [
+        # KV cache: L x 128 episodes x (3600 + 256) slots x K x Dh, k and v, bfloat16.
+        # Activations (remat): 8 sequences x 3600 tokens x (L·D + 4D + 2F + 2·H·Dh) x 2 bytes,
+        # plus the [8, 3600, 8192] float32 logits chunk.
+        (
+            "qwen2.5-3b-h100-bf16",
+            N_3B,
+            36 * 128 * 3856 * 2 * 128 * 2 * 2,
+            8 * 3600 * (36 * 2048 + 4 * 2048 + 2 * 11008 + 2 * 2048) * 2 + 8 * 3600 * 8192 * 4,
+        ),
+        (
+            "qwen2.5-7b-h100-bf16",
+            N_7B,
+            28 * 128 * 3856 * 4 * 128 * 2 * 2,
+            8 * 3600 * (28 * 3584 + 4 * 3584 + 2 * 18944 + 2 * 3584) * 2 + 8 * 3600 * 8192 * 4,
+        ),
+    ],
+)
+def test_bf16_variants_at_ragens_batch_on_one_h100(variant, n, kv_cache, activations, tmp_path):
+  """The README's numbers: bfloat16 weights with float32 moments, RAGEN's 8 x 16 episodes."""
+  preset = variant.split("-h100")[0]
+  model_config = models.get_config(preset)
+  assert models.num_params(model_config) == n
+  with open(tmp_path / "config.json", "w") as fp:
+    json.dump(model_config.to_hf_dict(), fp)
+  config = launch_utils.load_config_file(f"configs/sokoban_ppo.py:{variant}")
+  with config.unlocked():
+    config.model.checkpoint = str(tmp_path)
+  exp = experiment.from_config(config)
+  assert exp.model.param_dtype == "bfloat16" and exp.ppo.moment_dtype == "float32"
+  assert exp.train_episodes == 128 and exp.ppo.micro_batches == 4  # 8 sequences each
+  est = memory.estimate(
+      exp, model_config.replace(remat=True, dtype="bfloat16", param_dtype="bfloat16"), _layout()
+  )
+  assert est["params"] == 2 * n and est["optimizer"] == 12 * n
+  assert est["critic"] == 0 and est["reference"] == 0  # shared value head, no KL loss
+  assert est["kv_cache"] == kv_cache and est["activations"] == activations
+  total_gib = est["total"] / memory.GIB
+  if preset == "qwen2.5-3b":  # fits one 80 GB card, at the 80% the other variants keep
+    assert total_gib == pytest.approx(63.86, abs=0.01) and total_gib < 0.8 * 80
+  else:  # full fine-tuning of 7B does not fit one card
+    assert total_gib == pytest.approx(135.10, abs=0.01)
+
+
+@pytest.mark.parametrize(
     "variant", [v for v in config_sections.VARIANTS if v.endswith(tuple(config_sections.HARDWARE))]
 )
 @pytest.mark.parametrize("config_file", ["sokoban_ppo", "frozenlake_ppo", "bandit_grpo"])
@@ -78,5 +159,9 @@ def test_accelerator_variants_fit_their_card(variant, config_file, tmp_path):
   layout = sharding.Sharder(exp.mesh, num_devices=card["devices"])
   layout.check_model(model_config)
   layout.check_batch("the training batch", exp.train_episodes)
-  est = memory.estimate(exp, model_config.replace(remat=True, dtype="bfloat16"), layout)
+  est = memory.estimate(
+      exp,
+      model_config.replace(remat=True, dtype="bfloat16", param_dtype=exp.model.param_dtype),
+      layout,
+  )
   assert est["total"] < 0.8 * card["memory_gib"] * memory.GIB, memory.describe(est, None)

@@ -65,6 +65,26 @@ def test_a_key_added_since_the_run_was_saved_compares_at_its_default():
   ]
 
 
+def test_a_resume_under_another_param_or_moment_dtype_is_refused():
+  """The checkpoint's arrays are in the stored dtypes; a resume in others would train another
+  optimizer (and the Checkpointer refuses the arrays anyway, checkpoints_test.py)."""
+  stored = _config().to_json_best_effort()
+  for key, value in (("model.param_dtype", "bfloat16"), ("ppo.moment_dtype", "bfloat16")):
+    now = _config()
+    section, name = key.split(".")
+    with now.unlocked():
+      now[section][name] = value
+    assert not config_drift.may_change(key)
+    assert config_drift.compare(stored, now.to_json_best_effort()) == (
+        [],
+        [(key, "float32", "bfloat16")],
+    )
+  # A run saved before the keys existed trained in float32: it compares at the defaults.
+  values = json.loads(stored)
+  del values["model"]["param_dtype"], values["ppo"]["moment_dtype"]
+  assert config_drift.compare(json.dumps(values), stored) == ([], [])
+
+
 def test_may_change_names_keys_and_whole_sections():
   assert config_drift.may_change("trainer.total_steps")
   assert config_drift.may_change("early_stop.reward_std_patience")

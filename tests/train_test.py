@@ -1,6 +1,6 @@
-"""The trainer end to end on the `:smoke` config: events, checkpoints, resumption, Ctrl-C and
-SIGTERM, resuming under a changed config, NaN stop, export to transformers, evaluation of a
-training checkpoint, mixed environments.
+"""The trainer end to end on the `:smoke` config: events, checkpoints, resumption (bfloat16
+weights and moments too), Ctrl-C and SIGTERM, resuming under a changed config, NaN stop, export
+to transformers, evaluation of a training checkpoint, mixed environments.
 
 One uninterrupted smoke run (module fixture) is the reference the other tests compare against.
 Dimension legend: B episodes, T tokens.
@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -115,6 +116,27 @@ def test_resumed_run_matches_the_uninterrupted_run(reference_run, tmp_path):
   b = restore.load_actor(workdir)[0]
   ids = jnp.arange(12, dtype=jnp.int32)[None]
   np.testing.assert_array_equal(np.asarray(a(ids)), np.asarray(b(ids)))
+
+
+def test_bfloat16_run_resumes_exactly(tmp_path):
+  """bfloat16 weights and moments (model.param_dtype, ppo.moment_dtype): a run stopped after
+  step 1 and resumed logs step 2 and ends with the weights of the uninterrupted run."""
+
+  def config():
+    c = smoke_config()
+    c.model.param_dtype, c.ppo.moment_dtype = "bfloat16", "bfloat16"
+    c.trainer.total_steps = 2
+    return c
+
+  ref_dir, workdir = str(tmp_path / "ref"), str(tmp_path / "resumed")
+  trainer.train(config(), ref_dir)
+  assert trainer.train(config(), workdir, stop_after=1)["step"] == 1
+  assert trainer.train(config(), workdir)["step"] == 2
+  ref, got = logging_utils.read_scalars(ref_dir), logging_utils.read_scalars(workdir)
+  assert comparable(ref, {2}) and comparable(got, {2}) == comparable(ref, {2})
+  a, b = restore.load_actor(ref_dir)[0], restore.load_actor(workdir)[0]
+  assert a.decoder.embedding[...].dtype == jnp.bfloat16
+  jax.tree.map(np.testing.assert_array_equal, nnx.state(a), nnx.state(b))
 
 
 def test_early_stop_rule_saves_ends_the_run_and_stays_stopped(tmp_path):

@@ -11,6 +11,7 @@ from typing import Annotated
 
 from ragen_jax.algos.filtering import STRATEGIES
 from ragen_jax.algos.losses import AGG_MODES, KL_KINDS
+from ragen_jax.algos.optim import MOMENT_DTYPES
 from ragen_jax.config_checks import check_fields, check_value, Range
 from ragen_jax.config_checks import NonNegativeFloat, PositiveFloat, PositiveInt, UnitFloat
 
@@ -41,6 +42,8 @@ class PPOConfig:
     shuffle: reshuffle episodes into minibatches every epoch.
     actor_lr, critic_lr: constant AdamW learning rates (betas 0.9 / 0.999).
     weight_decay: AdamW decoupled weight decay for both models.
+    moment_dtype: storage dtype of AdamW's two moments, "float32" or "bfloat16" (optim.py: the
+      update is computed in float32 either way; what bfloat16 moments lose).
     grad_clip: global-norm clip, applied to actor and critic gradients separately.
     value_clip: critic value clip range κ around the old values.
     critic: "separate" (own model, RAGEN) or "shared" (value head on the actor's trunk).
@@ -76,6 +79,7 @@ class PPOConfig:
   actor_lr: PositiveFloat = 1e-6
   critic_lr: PositiveFloat = 1e-5
   weight_decay: NonNegativeFloat = 0.01
+  moment_dtype: str = "float32"
   grad_clip: PositiveFloat = 1.0
   value_clip: PositiveFloat = 0.5
   critic: str = "separate"
@@ -104,6 +108,10 @@ class PPOConfig:
     check(
         self.adv_estimator in ADV_ESTIMATORS,
         f"adv_estimator must be one of {ADV_ESTIMATORS}, got {self.adv_estimator!r}",
+    )
+    check(
+        self.moment_dtype in MOMENT_DTYPES,
+        f"moment_dtype must be one of {MOMENT_DTYPES}, got {self.moment_dtype!r}",
     )
     check(self.agg_mode in AGG_MODES, f"agg_mode must be one of {AGG_MODES}, got {self.agg_mode!r}")
     check(self.kl_type in KL_KINDS, f"kl_type must be one of {KL_KINDS}, got {self.kl_type!r}")

@@ -47,7 +47,12 @@ def copy_tree(tree):
 
 
 def optimizer_step(tx, grads, opt, params):
-  """One optax step: (new params, new optimizer state)."""
+  """One optax step: (new params, new optimizer state).
+
+  The updates are float32 (`optim.adamw`); `apply_updates` adds them to the weights in float32
+  and rounds once to the parameters' dtype, so with bfloat16 parameters an update below half a
+  bfloat16 ulp of its weight is lost (`optim` module doc).
+  """
   updates, opt = tx.update(grads, opt, params)
   return optax.apply_updates(params, updates), opt
 

@@ -10,8 +10,8 @@ Inside one compiled call, five stages (pure functions below, composed by `train_
   2. `old_pass`: no-gradient log-probs, entropies, critic values and reference log-probs;
   3. `advantages`: GAE with the critic (batch-global whitening) or outcome advantages;
   4. `update`: `lax.scan` over PPO epochs and shuffled minibatches with gradient accumulation
-     over micro-batches, updating actor and critic with AdamW (decoupled weight decay,
-     global-norm clip);
+     over micro-batches (summed in float32), updating actor and critic with AdamW (decoupled
+     weight decay, global-norm clip; moments in `ppo.moment_dtype`, `optim`);
   5. `batch_metrics`: batch statistics under veRL's and RAGEN's names.
 The critic mode (none, separate model, shared value head) is a `critic.Critic` strategy; the
 stages pass the typed records of `step_records`.
@@ -34,6 +34,7 @@ from ragen_jax.algos import advantages as adv_lib
 from ragen_jax.algos import critic as critic_lib
 from ragen_jax.algos import filtering
 from ragen_jax.algos import losses
+from ragen_jax.algos import optim
 from ragen_jax.algos.config import PPOConfig
 from ragen_jax.algos.logprobs import sequence_logprobs
 from ragen_jax.algos.step_records import Advantages
@@ -68,7 +69,14 @@ class TrainState:
 def _optimizer(lr, cfg):
   return optax.chain(
       optax.clip_by_global_norm(cfg.grad_clip),
-      optax.adamw(lr, b1=0.9, b2=0.999, eps=1e-8, weight_decay=cfg.weight_decay),
+      optim.adamw(
+          lr,
+          b1=0.9,
+          b2=0.999,
+          eps=1e-8,
+          weight_decay=cfg.weight_decay,
+          moment_dtype=cfg.moment_dtype,
+      ),
   )
 
 
@@ -321,7 +329,12 @@ def _minibatch(spec: StepSpec, data: UpdateData, skipped, learner: Learner, idx_
 
     return lax.cond(w > 0, add, lambda acc: acc, acc), None  # w = 0: nothing kept
 
-  zero = jax.tree.map(jnp.zeros_like, jax.eval_shape(grads_of, jax.tree.map(lambda x: x[0], mbs)))
+  def zeros(s):
+    # The sum is float32 whatever the parameters' dtype: each bfloat16 gradient is rounded once,
+    # not again at every addition.
+    return jnp.zeros(s.shape, jnp.float32 if jnp.issubdtype(s.dtype, jnp.floating) else s.dtype)
+
+  zero = jax.tree.map(zeros, jax.eval_shape(grads_of, jax.tree.map(lambda x: x[0], mbs)))
   (a_grads, c_grads, metrics), _ = lax.scan(micro, zero, (mbs, w_M))
   live = (n_live > 0) & ~skipped
   metrics["actor/grad_norm"] = optax.tree.norm(a_grads)

@@ -33,6 +33,7 @@ from ragen_jax.train.early_stop import EarlyStopConfig
 from ragen_jax.train.sft import SFTConfig
 
 _DTYPES = ("float32", "bfloat16", "float16")
+PARAM_DTYPES = ("float32", "bfloat16")
 
 
 def _fail(msg):
@@ -102,7 +103,9 @@ class ModelSpec:
   warm_start: bool = True  # tiny preset: start from the shipped fine-tuned weights
   # (ragen_jax/assets/tiny_warm_start, configs/warm_start_sft.py)
   tokenizer: str = "sentencepiece"  # without a checkpoint (or one lacking tokenizer.json)
-  dtype: str = "float32"  # activation dtype (parameters stay float32)
+  dtype: str = "float32"  # activation / compute dtype
+  param_dtype: str = "float32"  # storage of the actor's, critic's and reference's weights
+  # ("float32" | "bfloat16"); updates are computed in float32 (algos/optim.py: what is lost)
   remat: bool = False  # recompute each layer in the backward pass (memory)
   # Self-attention kernel: auto | xla | cudnn | splash (ragen_jax/models/attention.py); auto is
   # cuDNN's fused kernel on an NVIDIA GPU in bf16, splash on a TPU, XLA otherwise.
@@ -251,6 +254,8 @@ def _check_model(model: ModelSpec) -> None:
     )
   if model.dtype not in _DTYPES:
     _fail(f"model.dtype {model.dtype!r} not in {_DTYPES}")
+  if model.param_dtype not in PARAM_DTYPES:
+    _fail(f"model.param_dtype {model.param_dtype!r} not in {PARAM_DTYPES}")
 
 
 def from_config(config) -> Experiment:

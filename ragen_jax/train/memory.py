@@ -1,10 +1,12 @@
 """A per-device memory estimate of a run, printed at start (before anything is allocated).
 
 Terms (bytes per device, the mesh dividing what it shards):
-  params       actor parameters (param_dtype), split over the axes of their logical names
-  optimizer    AdamW's two moments (float32) plus the gradient of one micro-batch (float32)
+  params       actor parameters (the model's param_dtype), split over the axes of their
+               logical names
+  optimizer    AdamW's two moments (ppo.moment_dtype) plus the float32 sum of the micro-batches'
+               gradients (float32 whatever the parameters' dtype)
   critic       the separate critic's parameters, moments and gradient (0 for GRPO / shared)
-  reference    the frozen reference policy (only with the KL loss)
+  reference    the frozen reference policy, in the parameters' dtype (only with the KL loss)
   kv_cache     the rollout's cache: L x B x S x K x Dh x 2 (k and v), B over data x fsdp and K
                over the tensor axis
   activations  the train step's live activations for one micro-batch of U sequences of T tokens:
@@ -18,6 +20,7 @@ XLA's fusion and temporaries add ~10-30%.
 
 from typing import Dict
 
+import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax import models
@@ -61,11 +64,14 @@ def param_elements(c: models.ModelConfig, sharder) -> float:
 def estimate(exp, config: models.ModelConfig, sharder) -> Dict[str, float]:
   """Bytes per device of each term (see the module doc) and their total."""
   c, ppo, r = config, exp.ppo, exp.rollout
-  pbytes = np.dtype(c.param_dtype).itemsize
-  abytes = np.dtype(c.dtype).itemsize
+  pbytes = jnp.dtype(c.param_dtype).itemsize
+  abytes = jnp.dtype(c.dtype).itemsize
+  # Two moments in their storage dtype and one float32 gradient sum (train_step._minibatch).
+  opt_bytes = 2 * jnp.dtype(ppo.moment_dtype).itemsize + 4.0
   n_param = param_elements(c, sharder)
-  out = {"params": n_param * pbytes, "optimizer": n_param * 12.0}
-  out["critic"] = n_param * (pbytes + 12.0) if ppo.uses_critic and ppo.critic == "separate" else 0
+  out = {"params": n_param * pbytes, "optimizer": n_param * opt_bytes}
+  separate = ppo.uses_critic and ppo.critic == "separate"
+  out["critic"] = n_param * (pbytes + opt_bytes) if separate else 0
   out["reference"] = n_param * pbytes if ppo.use_kl_loss else 0.0
   batch = max(e.train_groups for e in exp.envs) * r.group_size
   capacity = r.max_context + r.max_turn_tokens

@@ -34,10 +34,12 @@ def build(exp, sharder=None):
   """(model, tokenizer) for `exp.model` (an experiment.ModelSpec inside `exp`).
 
   With a `sharding.Sharder`, the model's sizes are checked against the mesh first and every
-  parameter is created or loaded directly into its sharding.
+  parameter is created or loaded directly into its sharding. The weights are stored in
+  `model.param_dtype`; the critic (a copy of the decoder) and the reference policy (a copy of
+  the actor's weights) inherit it, the critic's value head staying float32.
   """
   spec = exp.model
-  dtype = jnp.dtype(spec.dtype)
+  dtype, param_dtype = jnp.dtype(spec.dtype), jnp.dtype(spec.param_dtype)
   checkpoint = spec.checkpoint
   if checkpoint is None and spec.warm_start:
     checkpoint = WARM_START_DIR
@@ -50,7 +52,7 @@ def build(exp, sharder=None):
         spec.preset,
         jax.random.key(exp.seed.init),
         dtype=dtype,
-        param_dtype=jnp.float32,
+        param_dtype=param_dtype,
         sharding=shard,
         remat=spec.remat,
         attention=spec.attention,
@@ -60,7 +62,7 @@ def build(exp, sharder=None):
     model = models.load_hf(
         checkpoint,
         dtype=dtype,
-        param_dtype=jnp.float32,
+        param_dtype=param_dtype,
         sharding=shard,
         remat=spec.remat,
         attention=spec.attention,

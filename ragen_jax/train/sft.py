@@ -24,6 +24,7 @@ import numpy as np
 import optax
 
 from ragen_jax import rollout as rollout_lib
+from ragen_jax.algos import optim
 from ragen_jax.algos.logprobs import sequence_logprobs
 from ragen_jax.algos.step_records import copy_tree
 from ragen_jax.config_checks import check_fields, NonNegativeFloat, NonNegativeInt
@@ -62,8 +63,9 @@ def _optimizer(cfg: SFTConfig):
   schedule = optax.warmup_cosine_decay_schedule(
       0.0, cfg.lr, max(cfg.warmup_steps, 1), max(cfg.steps, cfg.warmup_steps + 1), cfg.lr * 0.1
   )
+  # float32 moments whatever the parameters' dtype (optax.adamw's would follow bfloat16 ones).
   return optax.chain(
-      optax.clip_by_global_norm(cfg.grad_clip), optax.adamw(schedule, weight_decay=cfg.weight_decay)
+      optax.clip_by_global_norm(cfg.grad_clip), optim.adamw(schedule, weight_decay=cfg.weight_decay)
   )
 
 
