@@ -1,5 +1,6 @@
 """A LoRA training run (the :smoke Sokoban config with model.lora.rank > 0): checkpoints hold the
-adapters, the base stays as built, and a resumed run equals the uninterrupted one."""
+adapters, the base stays as built, a resumed run equals the uninterrupted one, and the export is
+the merged plain model."""
 
 import os
 
@@ -8,7 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ragen_jax import export
 from ragen_jax import logging_utils
+from ragen_jax import models
 from ragen_jax.models import lora
 from ragen_jax.train import experiment
 from ragen_jax.train import launch_utils
@@ -59,3 +62,9 @@ def test_lora_run_resumes_exactly_and_keeps_the_base(tmp_path):
   base = lambda m: jax.tree.leaves(nnx.state(m, nnx.Not(lora.LoraParam)))
   for x, y in zip(base(a), base(start)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  # The export: a plain checkpoint (adapters merged) with the trained actor's logits.
+  out = str(tmp_path / "exported")
+  assert export.export(ref_dir, out) == 2
+  exported = models.load_hf(out)
+  assert exported.config.lora is None
+  np.testing.assert_allclose(np.asarray(exported(ids)), np.asarray(a(ids)), atol=1e-5)

@@ -9,6 +9,7 @@ import numpy as np
 
 from ragen_jax import algos
 from ragen_jax import models
+from ragen_jax import sharding
 from ragen_jax.models import lora
 from train_step_test import FAST
 from train_step_test import make_batch
@@ -60,3 +61,11 @@ def test_one_step_trains_only_the_adapters_against_the_frozen_base():
   assert float(metrics["actor/kl_loss"]) == 0.0
   assert float(metrics["train/num_updates"]) == 1.0
   assert {x.shape for x in jax.tree.leaves(state.actor_opt) if np.ndim(x)} == adapter_shapes
+
+
+def test_adapters_and_their_moments_get_logical_axes_on_a_mesh():
+  table = sharding.param_axes()
+  assert table[("decoder", "layers", "q_lora_a")] == ("layers", "embed", None)
+  assert table[("decoder", "layers", "q_lora_b")] == ("layers", None, "heads", "head_dim")
+  assert table[("decoder", "layers", "o_lora_a")] == ("layers", "heads", "head_dim", None)
+  assert table[("decoder", "layers", "down_lora_b")] == ("layers", None, "embed")
