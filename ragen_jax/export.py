@@ -5,7 +5,8 @@ r"""Exports a training run's actor as a Hugging Face checkpoint that `transforme
 `--checkpoint` is the run's workdir (latest step), its `checkpoints/` directory or one
 `checkpoints/<step>` directory. Writes config.json, model.safetensors (sharded when large) and,
 for the shipped SentencePiece tokenizer, its model file; `AutoModelForCausalLM.from_pretrained
-(out)` then gives the same logits as the trained actor. Over an earlier export, the weight files
+(out)` then gives the same logits as the trained actor (a LoRA actor is written with its
+adapters merged into the kernels, a plain checkpoint). Over an earlier export, the weight files
 of this one replace it whole (`models.save_hf`); a run that cannot be read is refused in one line.
 """
 

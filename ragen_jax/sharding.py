@@ -254,12 +254,14 @@ class Sharder:
 @functools.lru_cache(maxsize=1)
 def param_axes() -> Dict[Tuple[str, ...], Tuple]:
   """{parameter path: logical axes} of the policy and critic of every family (from their
-  metadata): Qwen2's q/k/v biases and Qwen3's q/k norms included."""
+  metadata): Qwen2's q/k/v biases, Qwen3's q/k norms and LoRA adapters included."""
   from flax import nnx  # pylint: disable=g-import-not-at-top
   from ragen_jax import models  # pylint: disable=g-import-not-at-top
 
   table = {}
-  tiny = models.get_config("tiny").replace(tie_word_embeddings=False)  # with lm_head
+  tiny = models.get_config("tiny").replace(  # with lm_head and adapters on every kernel
+      tie_word_embeddings=False, lora=models.LoraConfig(rank=2)
+  )
   for config in (tiny, tiny.replace(model_type="qwen3")):
     for cls in (models.Qwen2, models.Qwen2Critic):
       abstract = nnx.eval_shape(lambda cls=cls, config=config: cls(config, rngs=nnx.Rngs(0)))

@@ -165,3 +165,34 @@ def test_accelerator_variants_fit_their_card(variant, config_file, tmp_path):
       layout,
   )
   assert est["total"] < 0.8 * card["memory_gib"] * memory.GIB, memory.describe(est, None)
+
+
+def test_lora_trains_only_the_adapters_by_hand():
+  config = launch_utils.load_config_file("configs/sokoban_ppo.py:smoke")
+  with config.unlocked():
+    config.model.lora.rank = 8
+    config.ppo.use_kl_loss = True
+  exp = experiment.from_config(config)
+  c = models.get_config("tiny")  # L=4, D=128, H=4, K=2, Dh=32, F=384
+  # A [L, in, r] + B [L, r, out] per kernel, r=8: L*r*(in + out) summed over q, k, v, o, gate,
+  # up, down = 32 * ((128+128) + 2*(128+64) + (128+128) + 3*(128+384)) = 32 * 2432.
+  n_lora = 32 * 2432
+  assert memory.lora_elements(c, exp.model.lora.config(), _layout()) == n_lora == 77824
+  n = models.num_params(c)
+  est = memory.estimate(exp, c, _layout())
+  assert est["params"] == 4 * (n + n_lora)
+  assert est["optimizer"] == 12 * n_lora  # moments and gradient of the adapters only
+  assert est["reference"] == 0  # the reference is the actor's own base weights
+  assert est["critic"] == 16 * (n + n_lora)  # the separate critic trains all its weights
+  full = memory.estimate(
+      experiment.from_config(launch_utils.load_config_file("configs/sokoban_ppo.py:smoke")),
+      c,
+      _layout(),
+  )
+  assert full["optimizer"] == 12 * n and full["optimizer"] > 13 * est["optimizer"]
+  # The model's own adapters, counted by the test's second implementation.
+  adapted = c.replace(lora=exp.model.lora.config())
+  abstract = nnx.eval_shape(lambda: models.Qwen2(adapted, rngs=nnx.Rngs(0)))
+  assert sum(v.size for _, v in nnx.to_flat_state(nnx.state(abstract, models.lora.LoraParam))) == (
+      n_lora
+  )

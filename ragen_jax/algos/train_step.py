@@ -47,6 +47,7 @@ from ragen_jax.algos.step_records import param_dict
 from ragen_jax.algos.step_records import Selection
 from ragen_jax.algos.step_records import StepSpec
 from ragen_jax.algos.step_records import UpdateData
+from ragen_jax.models import lora
 
 
 @flax.struct.dataclass
@@ -54,14 +55,16 @@ class TrainState:
   """Everything the update carries between steps (a pytree; donated to the step).
 
   Parameters are pure nested dicts of arrays (`nnx.to_pure_dict`), owned by the state: they
-  are copies, so donating the state never invalidates the modules they came from.
+  are copies, so donating the state never invalidates the modules they came from. With LoRA
+  adapters in the actor only they are trained: `actor_opt` holds adapter-shaped moments
+  (`lora.partition`), and the KL reference is the actor with its adapters at zero.
   """
 
   actor_params: Any
   actor_opt: Any
   critic_params: Any  # None for critic-free estimators
   critic_opt: Any
-  ref_params: Any  # None unless use_kl_loss
+  ref_params: Any  # None unless use_kl_loss (and None with LoRA: the base is the reference)
   step: jax.Array  # int32, train_step calls so far
   skipped_steps: jax.Array  # int32, steps whose filter kept nothing (no update)
 
@@ -91,7 +94,8 @@ def init_train_state(
       initialised from the policy weights (RAGEN); ignored by critic-free estimators.
     cfg: PPOConfig.
     key: PRNG key (critic construction).
-    ref_model: frozen reference policy for the KL loss (default: a copy of the actor).
+    ref_model: frozen reference policy for the KL loss (default: a copy of the actor; with
+      LoRA adapters, no copy: the actor's own base weights, adapters off).
     actor_tx, critic_tx: optional optax transformations replacing the configured AdamW
       (schedules, tests); pass the same ones to make_train_step.
   """
@@ -101,13 +105,13 @@ def init_train_state(
   critic = critic_lib.make_critic(cfg, actor_model, critic_model)
   critic_params, critic_opt = critic.init(critic_tx, key)
   ref_params = None
-  if cfg.use_kl_loss:
-    ref_params = (
-        copy_tree(param_dict(ref_model)) if ref_model is not None else copy_tree(actor_params)
-    )
+  if cfg.use_kl_loss and ref_model is not None:
+    ref_params = copy_tree(param_dict(ref_model))
+  elif cfg.use_kl_loss and not lora.has_adapters(actor_params):
+    ref_params = copy_tree(actor_params)
   return TrainState(
       actor_params=actor_params,
-      actor_opt=actor_tx.init(actor_params),
+      actor_opt=actor_tx.init(lora.partition(actor_params)[0]),  # only what is trained
       critic_params=critic_params,
       critic_opt=critic_opt,
       ref_params=ref_params,
@@ -175,11 +179,15 @@ def value_terms(cfg: PPOConfig, mb: UpdateData, values_BxT):
 
 
 def micro_grads(spec: StepSpec, actor_params, critic_params, mb: UpdateData):
-  """(actor grads, critic grads or None, metrics) of one micro-batch."""
+  """(actor grads of the trained part (`lora.partition`), critic grads or None, metrics) of one
+  micro-batch."""
   cfg, critic = spec.cfg, spec.critic
   value_loss = functools.partial(value_terms, cfg, mb)
+  # With LoRA only the adapters are differentiated: no base-sized gradient buffers.
+  trainable, frozen = lora.partition(actor_params)
 
-  def actor_loss(params, head):
+  def actor_loss(trainable, head):
+    params = lora.combine(trainable, frozen)
     logp_BxT, entropy_BxT, hidden_BxTxD = policy_forward(
         spec.actor, params, mb.tokens_BxT, mb.attn_BxT, cfg, cfg.entropy_coeff > 0
     )
@@ -187,9 +195,7 @@ def micro_grads(spec: StepSpec, actor_params, critic_params, mb: UpdateData):
     return critic.add_to_actor_loss(loss, metrics, head, hidden_BxTxD, value_loss)
 
   grad_fn = jax.value_and_grad(actor_loss, argnums=(0, 1), has_aux=True)
-  (_, metrics), (a_grads, head_grads) = grad_fn(
-      actor_params, critic.actor_loss_params(critic_params)
-  )
+  (_, metrics), (a_grads, head_grads) = grad_fn(trainable, critic.actor_loss_params(critic_params))
   c_grads, c_metrics = critic.grads(
       critic_params, head_grads, mb.tokens_BxT, mb.attn_BxT, value_loss
   )
@@ -241,7 +247,10 @@ def old_pass(spec: StepSpec, state: TrainState, sel: Selection, chunk_size) -> O
     values = spec.critic.values(state.critic_params, tokens_UxT, attn_UxT, hidden)
     ref_logp = None
     if cfg.use_kl_loss:
-      ref_logp = policy_forward(spec.ref, state.ref_params, tokens_UxT, attn_UxT, cfg, False)[0]
+      ref_params = state.ref_params
+      if ref_params is None:  # LoRA: the frozen base, i.e. the actor with every B at zero
+        ref_params = lora.without_adapters(state.actor_params)
+      ref_logp = policy_forward(spec.ref, ref_params, tokens_UxT, attn_UxT, cfg, False)[0]
     return OldPass(logp_BxT=logp, entropy_BxT=ent, values_BxT=values, ref_logp_BxT=ref_logp)
 
   def forward_if_kept(chunk):
@@ -341,9 +350,9 @@ def _minibatch(spec: StepSpec, data: UpdateData, skipped, learner: Learner, idx_
   metrics.update(critic.grad_metrics(c_grads))
 
   def apply(learner, a_grads, c_grads):
-    actor_params, actor_opt = optimizer_step(
-        spec.actor_tx, a_grads, learner.actor_opt, learner.actor_params
-    )
+    trainable, frozen = lora.partition(learner.actor_params)
+    trainable, actor_opt = optimizer_step(spec.actor_tx, a_grads, learner.actor_opt, trainable)
+    actor_params = lora.combine(trainable, frozen)
     critic_params, critic_opt = critic.apply(
         spec.critic_tx, c_grads, learner.critic_opt, learner.critic_params
     )

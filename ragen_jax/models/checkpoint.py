@@ -29,6 +29,7 @@ from safetensors import safe_open
 import safetensors.numpy
 
 from ragen_jax import atomic_write
+from ragen_jax.models import lora
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.qwen2 import Qwen2
 from ragen_jax.models.qwen2 import Qwen2Critic
@@ -310,7 +311,8 @@ def save_hf(model: Qwen2, out_dir: str, *, max_shard_bytes: int = 4 * 2**30) -> 
   """Writes config.json and safetensors that `transformers` loads as the model's family
   (Qwen2ForCausalLM, Qwen3ForCausalLM or LlamaForCausalLM).
 
-  Tensors keep the model's param_dtype. Checkpoints larger than
+  Tensors keep the model's param_dtype. A model with LoRA adapters is written merged
+  (`lora.merge`: W + scale * A @ B), as the plain checkpoint of its function. Checkpoints larger than
   `max_shard_bytes` are split into model-0000i-of-0000n.safetensors plus
   model.safetensors.index.json, as transformers does.
 
@@ -326,6 +328,7 @@ def save_hf(model: Qwen2, out_dir: str, *, max_shard_bytes: int = 4 * 2**30) -> 
   """
   if not isinstance(model, Qwen2):
     raise TypeError(f"save_hf expects a Qwen2 causal LM, got {type(model).__name__}")
+  model = lora.merge(model)
   os.makedirs(out_dir, exist_ok=True)
   shards, current, size = [], {}, 0
 

@@ -107,6 +107,50 @@ class RopeScaling:
     }
 
 
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+  """Low-rank adapters on the decoder's linear layers (`ragen_jax.models.lora`).
+
+  Each target kernel W gains W + (alpha / rank) * A @ B, A random and B zero at the start.
+
+  Attributes:
+    rank: r, the adapters' inner width (positive).
+    alpha: the scale's numerator; the adapter's output is multiplied by alpha / rank.
+    targets: which of `LORA_TARGETS` (the q, k, v, o projections and gate, up, down of the MLP)
+      carry adapters.
+    dropout: must be 0 (adapter dropout is not implemented).
+  """
+
+  rank: int
+  alpha: float = 64.0
+  targets: tuple[str, ...] = LORA_TARGETS
+  dropout: float = 0.0
+
+  def __post_init__(self):
+    if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank <= 0:
+      raise ValueError(f"lora rank must be a positive int, got {self.rank!r}")
+    if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or self.alpha <= 0:
+      raise ValueError(f"lora alpha must be a positive number, got {self.alpha!r}")
+    object.__setattr__(self, "alpha", float(self.alpha))
+    targets = (self.targets,) if isinstance(self.targets, str) else tuple(self.targets)
+    unknown = [t for t in targets if t not in LORA_TARGETS]
+    if not targets or unknown or len(set(targets)) != len(targets):
+      raise ValueError(
+          f"lora targets must be distinct names among {LORA_TARGETS}, got {self.targets!r}"
+      )
+    # Canonical order: equal configs hash equal (ModelConfig is a jit static argument).
+    object.__setattr__(self, "targets", tuple(t for t in LORA_TARGETS if t in targets))
+    if self.dropout != 0:
+      raise ValueError(f"lora dropout is not implemented; it must be 0, got {self.dropout!r}")
+
+  @property
+  def scale(self) -> float:
+    return self.alpha / self.rank
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Shapes and numerics of a Qwen2, Qwen3 or Llama 3.x decoder.
@@ -132,6 +176,8 @@ class ModelConfig:
       class config.json names, and with it `attention_bias` and `qk_norm`.
     rope_scaling: RoPE frequency remapping (Llama 3.1+), a RopeScaling or its dict; None for
       plain RoPE.
+    lora: low-rank adapters on the layers' kernels, a LoraConfig or its dict; None for none.
+      Not part of the Hugging Face config (export merges them, `lora.merge`).
   """
 
   vocab_size: int
@@ -151,6 +197,7 @@ class ModelConfig:
   attention: str = "auto"
   model_type: str = "qwen2"
   rope_scaling: RopeScaling | None = None
+  lora: LoraConfig | None = None
 
   def __post_init__(self):
     # Frozen dataclass: normalise through object.__setattr__.
@@ -164,6 +211,10 @@ class ModelConfig:
       raise ValueError(
           f"rope_scaling must be a RopeScaling, its dict or None, got {self.rope_scaling!r}"
       )
+    if isinstance(self.lora, dict):
+      object.__setattr__(self, "lora", LoraConfig(**self.lora))
+    if self.lora is not None and not isinstance(self.lora, LoraConfig):
+      raise ValueError(f"lora must be a LoraConfig, its dict or None, got {self.lora!r}")
     if self.head_dim is None:
       if self.num_heads <= 0 or self.hidden_size % self.num_heads:
         raise ValueError(

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 
 from ragen_jax.models import attention
 from ragen_jax.models import layers as ops
+from ragen_jax.models import lora
 from ragen_jax.models.config import get_config
 from ragen_jax.models.config import ModelConfig
 
@@ -160,6 +161,10 @@ class DecoderLayers(nnx.Module):
     values = _normal(rngs, [shape for shape, _ in kernels.values()])
     for (name, (_, axes)), value in zip(kernels.items(), values):
       setattr(self, name, _param(value, axes, pd))
+    if c.lora is not None:  # LoRA adapters (lora.LoraParam), B at zero
+      kernel_vars = {name: getattr(self, name) for name in kernels}
+      for name, adapter in lora.init_adapters(kernel_vars, c.lora, rngs.params(), pd).items():
+        setattr(self, name, adapter)
     # transformers initialises biases to 0 and norm scales to 1.
     if c.attention_bias:  # Qwen2
       self.q_bias = _param(jnp.zeros((l, h, dh)), ("layers", "heads", "head_dim"), pd)
@@ -189,30 +194,40 @@ def _decoder_layer(c: ModelConfig, p: dict[str, jax.Array], x_BxTxD, positions_B
   p = jax.tree.map(lambda a: a.astype(c.dtype), p)
   b, t, d = x_BxTxD.shape
 
-  # Projections as 2-D [B*T, D] matmuls: XLA:CPU runs their backward (contracting over
-  # both B and T) about 2x faster than the batched einsum form; same math on any device.
-  def project(h_NxD, kernel_DxNxE, bias_NxE=None):
-    n, e = kernel_DxNxE.shape[1:]
-    out_BxTxNxE = (h_NxD @ kernel_DxNxE.reshape(d, n * e)).reshape(b, t, n, e)
+  # Every linear layer as a 2-D [N, in] @ [in, out] matmul: XLA:CPU runs their backward
+  # (contracting over both B and T) about 2x faster than the batched einsum form; same math on
+  # any device. The one place LoRA adapters act: scale * (h @ A) @ B when `p` holds them.
+  def linear(h_NxI, target):
+    i = h_NxI.shape[-1]
+    out_NxO = h_NxI @ p[f"{target}_kernel"].reshape(i, -1)
+    a_name, b_name = lora.adapter_names(target)
+    if a_name in p:
+      r = p[a_name].shape[-1]
+      low_NxR = h_NxI @ p[a_name].reshape(i, r)
+      out_NxO = out_NxO + c.lora.scale * (low_NxR @ p[b_name].reshape(r, -1))
+    return out_NxO
+
+  def project(h_NxD, target):
+    n, e = p[f"{target}_kernel"].shape[1:]
+    out_BxTxNxE = linear(h_NxD, target).reshape(b, t, n, e)
+    bias_NxE = p.get(f"{target}_bias")  # biases: Qwen2 only
     return out_BxTxNxE if bias_NxE is None else out_BxTxNxE + bias_NxE[None, None]
 
   h_NxD = ops.rms_norm(x_BxTxD, p["attn_norm"], c.rms_norm_eps).reshape(b * t, d)
-  q_BxTxHxDh = project(h_NxD, p["q_kernel"], p.get("q_bias"))  # biases: Qwen2 only
-  k_BxTxKxDh = project(h_NxD, p["k_kernel"], p.get("k_bias"))
-  v_BxTxKxDh = project(h_NxD, p["v_kernel"], p.get("v_bias"))
+  q_BxTxHxDh = project(h_NxD, "q")
+  k_BxTxKxDh = project(h_NxD, "k")
+  v_BxTxKxDh = project(h_NxD, "v")
   if c.qk_norm:  # Qwen3: RMSNorm of each head's q and k, before RoPE
     q_BxTxHxDh = ops.rms_norm(q_BxTxHxDh, p["q_norm"], c.rms_norm_eps)
     k_BxTxKxDh = ops.rms_norm(k_BxTxKxDh, p["k_norm"], c.rms_norm_eps)
   q_BxTxHxDh = ops.rope(q_BxTxHxDh, positions_BxT, c.rope_theta, c.rope_scaling)
   k_BxTxKxDh = ops.rope(k_BxTxKxDh, positions_BxT, c.rope_theta, c.rope_scaling)
   attn_BxTxHxDh, aux = attend(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh)
-  x_BxTxD = x_BxTxD + (attn_BxTxHxDh.reshape(b * t, -1) @ p["o_kernel"].reshape(-1, d)).reshape(
-      b, t, d
-  )
+  x_BxTxD = x_BxTxD + linear(attn_BxTxHxDh.reshape(b * t, -1), "o").reshape(b, t, d)
   h_NxD = ops.rms_norm(x_BxTxD, p["mlp_norm"], c.rms_norm_eps).reshape(b * t, d)
-  x_BxTxD = x_BxTxD + ops.swiglu(h_NxD, p["gate_kernel"], p["up_kernel"], p["down_kernel"]).reshape(
-      b, t, d
-  )
+  # SwiGLU (as ops.swiglu): down(silu(gate(h)) * up(h)).
+  gated_NxF = jax.nn.silu(linear(h_NxD, "gate")) * linear(h_NxD, "up")
+  x_BxTxD = x_BxTxD + linear(gated_NxF, "down").reshape(b, t, d)
   return x_BxTxD, aux
 
 

@@ -25,7 +25,7 @@ from ragen_jax import envs
 from ragen_jax import models
 from ragen_jax import rollout as rollout_lib
 from ragen_jax.config_checks import check_arguments, check_fields, NonNegativeInt
-from ragen_jax.config_checks import PositiveFloat, PositiveInt, UnitFloat
+from ragen_jax.config_checks import NonNegativeFloat, PositiveFloat, PositiveInt, UnitFloat
 from ragen_jax.diagnostics import CollapseConfig
 from ragen_jax.envs import base as env_base
 from ragen_jax.sharding import MeshSpec
@@ -95,6 +95,34 @@ class EnvSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class LoraSpec:
+  """LoRA on the policy (ragen_jax/models/lora.py): `model.lora.rank` > 0 trains only low-rank
+  adapters of `targets`, scaled by alpha / rank, on frozen base weights (RAGEN: rank 64,
+  alpha 64, all linear layers); the KL reference is then the base itself (no copy)."""
+
+  rank: NonNegativeInt = 0  # adapter rank; 0 trains every weight (no adapters)
+  alpha: PositiveFloat = 64.0  # the adapters' output is scaled by alpha / rank
+  targets: Tuple[str, ...] = models.config.LORA_TARGETS  # of q, k, v, o, gate, up, down
+  dropout: NonNegativeFloat = 0.0  # adapter dropout: not implemented, must be 0
+
+  def __post_init__(self):
+    check_fields(self, "model.lora")
+    object.__setattr__(self, "targets", tuple(self.targets))
+    try:
+      self.config()
+      if self.dropout:
+        raise ValueError(f"dropout is not implemented; it must be 0, got {self.dropout!r}")
+    except ValueError as e:
+      raise ValueError(f"model.lora: {e}") from e
+
+  def config(self) -> models.LoraConfig | None:
+    """The model's LoraConfig, None for rank 0."""
+    if not self.rank:
+      return None
+    return models.LoraConfig(self.rank, self.alpha, self.targets, self.dropout)
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSpec:
   """Which policy a run starts from."""
 
@@ -110,8 +138,13 @@ class ModelSpec:
   # Self-attention kernel: auto | xla | cudnn | splash (ragen_jax/models/attention.py); auto is
   # cuDNN's fused kernel on an NVIDIA GPU in bf16, splash on a TPU, XLA otherwise.
   attention: str = "auto"
+  lora: LoraSpec = dataclasses.field(  # low-rank adapters (LoraSpec); rank 0: none
+      default_factory=LoraSpec, metadata={"section": dataclasses.asdict}
+  )
 
   def __post_init__(self):
+    if isinstance(self.lora, dict):
+      object.__setattr__(self, "lora", LoraSpec(**self.lora))
     if self.attention not in models.attention.IMPLEMENTATIONS:
       raise ValueError(
           f"model.attention {self.attention!r} is not one of {models.attention.IMPLEMENTATIONS}"

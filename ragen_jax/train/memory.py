@@ -2,11 +2,13 @@
 
 Terms (bytes per device, the mesh dividing what it shards):
   params       actor parameters (the model's param_dtype), split over the axes of their
-               logical names
+               logical names, LoRA adapters included
   optimizer    AdamW's two moments (ppo.moment_dtype) plus the float32 sum of the micro-batches'
-               gradients (float32 whatever the parameters' dtype)
+               gradients, of what is trained: every parameter, or with LoRA (model.lora.rank > 0)
+               the adapters
   critic       the separate critic's parameters, moments and gradient (0 for GRPO / shared)
-  reference    the frozen reference policy, in the parameters' dtype (only with the KL loss)
+  reference    the frozen reference policy, in the parameters' dtype (only with the KL loss; 0
+               with LoRA, whose reference is the actor's own base weights)
   kv_cache     the rollout's cache: L x B x S x K x Dh x 2 (k and v), B over data x fsdp and K
                over the tensor axis
   activations  the train step's live activations for one micro-batch of U sequences of T tokens:
@@ -61,6 +63,35 @@ def param_elements(c: models.ModelConfig, sharder) -> float:
   return total
 
 
+def lora_elements(c: models.ModelConfig, lora_config, sharder) -> float:
+  """One device's share of the LoRA adapters' elements (0 without adapters)."""
+  if lora_config is None:
+    return 0.0
+  l, d, h, k, dh, f = (
+      c.num_layers,
+      c.hidden_size,
+      c.num_heads,
+      c.num_kv_heads,
+      c.head_dim,
+      c.intermediate_size,
+  )
+  kernels = {  # target: (in dims, out dims), each (size, logical axis)
+      "q": (((d, "embed"),), ((h, "heads"), (dh, "head_dim"))),
+      "k": (((d, "embed"),), ((k, "kv_heads"), (dh, "head_dim"))),
+      "v": (((d, "embed"),), ((k, "kv_heads"), (dh, "head_dim"))),
+      "o": (((h, "heads"), (dh, "head_dim")), ((d, "embed"),)),
+      "gate": (((d, "embed"),), ((f, "mlp"),)),
+      "up": (((d, "embed"),), ((f, "mlp"),)),
+      "down": (((f, "mlp"),), ((d, "embed"),)),
+  }
+  rank, total = (lora_config.rank, None), 0.0
+  for target in lora_config.targets:
+    ins, outs = kernels[target]
+    total += _sharded(((l, "layers"), *ins, rank), sharder)  # A [L, *in, r]
+    total += _sharded(((l, "layers"), rank, *outs), sharder)  # B [L, r, *out]
+  return total
+
+
 def estimate(exp, config: models.ModelConfig, sharder) -> Dict[str, float]:
   """Bytes per device of each term (see the module doc) and their total."""
   c, ppo, r = config, exp.ppo, exp.rollout
@@ -69,10 +100,14 @@ def estimate(exp, config: models.ModelConfig, sharder) -> Dict[str, float]:
   # Two moments in their storage dtype and one float32 gradient sum (train_step._minibatch).
   opt_bytes = 2 * jnp.dtype(ppo.moment_dtype).itemsize + 4.0
   n_param = param_elements(c, sharder)
-  out = {"params": n_param * pbytes, "optimizer": n_param * opt_bytes}
+  # LoRA: the adapters are extra parameters and the only ones trained; the base is the reference.
+  lora_config = c.lora if c.lora is not None else exp.model.lora.config()
+  n_lora = lora_elements(c, lora_config, sharder)
+  n_trained = n_lora if lora_config is not None else n_param
+  out = {"params": (n_param + n_lora) * pbytes, "optimizer": n_trained * opt_bytes}
   separate = ppo.uses_critic and ppo.critic == "separate"
-  out["critic"] = n_param * (pbytes + opt_bytes) if separate else 0
-  out["reference"] = n_param * pbytes if ppo.use_kl_loss else 0.0
+  out["critic"] = (n_param + n_lora) * (pbytes + opt_bytes) if separate else 0
+  out["reference"] = n_param * pbytes if ppo.use_kl_loss and lora_config is None else 0.0
   batch = max(e.train_groups for e in exp.envs) * r.group_size
   capacity = r.max_context + r.max_turn_tokens
   out["kv_cache"] = (

@@ -3,7 +3,8 @@
 In order: `model.checkpoint` (a local Hugging Face directory, with its own tokenizer.json when
 present); the tiny preset's shipped warm start (`model.warm_start`: the weights
 configs/warm_start_sft.py fine-tuned on expert demonstrations, in ragen_jax/assets); or the
-preset initialised from `seed.init`.
+preset initialised from `seed.init`. With `model.lora.rank` > 0 the model then gets LoRA
+adapters (A from `seed.init`, B zero), so it starts as the same function.
 """
 
 import os
@@ -72,6 +73,10 @@ def build(exp, sharder=None):
     else:
       logging.info("no tokenizer.json in %s; using %s", checkpoint, spec.tokenizer)
       tok = tokenizers.load(spec.tokenizer)
+  lora_config = spec.lora.config()
+  if lora_config is not None:
+    lora_key = jax.random.fold_in(jax.random.key(exp.seed.init), 1)
+    model = models.lora.add(model, lora_config, lora_key, sharding=shard)
   if tok.vocab_size > model.config.vocab_size:
     raise ValueError(
         f"the tokenizer has {tok.vocab_size} ids but the model only "
