@@ -19,6 +19,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from ragen_jax import envs as envs_lib
+from ragen_jax import models
 from ragen_jax import rollout as rollout_lib
 from ragen_jax.train import experiment as exp_lib
 
@@ -165,7 +166,7 @@ def overlay(base: ml_collections.ConfigDict, values: dict) -> ml_collections.Con
 
 # --------------------------------------------------------------------- variants
 
-MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b")
+MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "qwen3-4b", "qwen3-8b")
 # Accelerators (`hw=`): the mesh, and what makes the update fit the card's memory (model.remat,
 # ppo.micro_batches, a critic sharing the actor's trunk for 3B); the run prints its memory
 # estimate at start (ragen_jax/train/memory.py).
@@ -174,9 +175,10 @@ HARDWARE = {
     "v5e8": dict(devices=8, memory_gib=16),  # TPU v5e-8: 8 chips x 16 GB, fsdp over all 8
 }
 SCALES = ("smoke", "debug")
-# Parameter storage (`params=`): bfloat16 weights, updated from float32 AdamW moments
-# (ragen_jax/algos/optim.py says what bfloat16 weights lose).
-PRECISIONS = ("bf16",)
+# What is stored and trained (`params=`): bf16, bfloat16 weights updated from float32 AdamW
+# moments (ragen_jax/algos/optim.py says what bfloat16 weights lose); lora, RAGEN's LoRA (rank
+# 64, alpha 64, all seven linear layers) on frozen bfloat16 weights, float32 adapters.
+PRECISIONS = ("bf16", "lora")
 # Variant names in use, each also a shorthand: `qwen2.5-3b-h100` = `model=qwen2.5-3b,hw=h100`,
 # `qwen2.5-7b-h100-bf16` = `model=qwen2.5-7b,hw=h100,params=bf16`.
 VARIANTS = (
@@ -184,6 +186,7 @@ VARIANTS = (
     *MODELS,
     *(f"{q}-{h}" for q in ("qwen2.5-0.5b", "qwen2.5-3b") for h in HARDWARE),
     *(f"{q}-h100-bf16" for q in ("qwen2.5-3b", "qwen2.5-7b")),
+    *(f"{q}-h100-lora" for q in ("qwen2.5-3b", "qwen2.5-7b", "qwen3-4b", "qwen3-8b")),
 )
 
 
@@ -236,6 +239,7 @@ def apply_variant(config: ml_collections.ConfigDict, arg) -> ml_collections.Conf
   model=qwen2.5-*: a real checkpoint (`--config.model.checkpoint=DIR`, required) with its own
     tokenizer, no warm start, RAGEN's learning rates and lengths.
   params=bf16: bfloat16 weights (actor, critic, reference) with float32 AdamW moments.
+  params=lora: RAGEN's LoRA (rank 64, alpha 64, all linear layers) on frozen bfloat16 weights.
   hw=h100 | v5e8: remat, the mesh and micro-batches for that card (`HARDWARE`), knowing the
     weights' dtype.
   smoke: seconds-scale sizes for tests and CI (the whole run well under 2 minutes on 2 cores);
@@ -245,8 +249,10 @@ def apply_variant(config: ml_collections.ConfigDict, arg) -> ml_collections.Conf
   if "model" in variant:
     _model_variant(config, variant["model"])
   if "params" in variant:
-    config.model.param_dtype = "bfloat16"  # the only precision so far: "bf16"
+    config.model.param_dtype = "bfloat16"
     config.ppo.moment_dtype = "float32"
+    if variant["params"] == "lora":
+      config.model.lora.rank, config.model.lora.alpha = 64, 64.0
   if "hw" in variant:
     _hardware_variant(config, variant["model"], variant["hw"])
   if "scale" in variant:
@@ -274,19 +280,30 @@ def _hardware_variant(config, preset: str, hardware: str) -> None:
   if hardware == "v5e8":
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, 8, 1
   groups = sum(e.train_groups for e in config.envs.values())
-  if preset == "qwen2.5-3b" and hardware == "h100" and config.model.param_dtype == "float32":
+  full_fp32 = config.model.param_dtype == "float32" and not config.model.lora.rank
+  if preset == "qwen2.5-3b" and hardware == "h100" and full_fp32:
     # 80 GB hold the 3B's ~46 GiB of fp32 weights and AdamW moments plus the KV cache of at most
     # 64 episodes x 3600 tokens (8.5 GiB): more groups (sokoban_ppo samples 8) take smaller ones.
     # bfloat16 weights (params=bf16) leave room for RAGEN's 128 (64 GiB in all).
     while groups * config.rollout.group_size > 64 and config.rollout.group_size > 1:
       config.rollout.group_size //= 2
+  if hardware == "h100":
+    # The rollout's bfloat16 KV cache within 36 GiB of the 80: Qwen3's 8 kv heads take 0.53 GiB
+    # an episode at 3856 slots, so 4B and 8B sample 64 episodes (smaller groups).
+    c = models.get_config(preset)
+    slots = config.rollout.max_context + config.rollout.max_turn_tokens
+    per_episode = 2 * 2 * c.num_layers * c.num_kv_heads * c.head_dim * slots
+    while groups * config.rollout.group_size * per_episode > 36 * 2**30:
+      if config.rollout.group_size == 1:
+        break
+      config.rollout.group_size //= 2
   episodes = groups * config.rollout.group_size
   per_minibatch = episodes // config.ppo.num_minibatches
   config.ppo.micro_batches = max(1, per_minibatch // 8)  # 8 sequences per micro-batch
-  if preset in ("qwen2.5-3b", "qwen2.5-7b"):
+  if models.num_params(models.get_config(preset)) > 2e9:
     # Weights, AdamW moments and gradient sum of a 3B actor take 40-46 GiB (7B: 99-113); a
     # second, separate critic of that size would not fit 80 GB (or 8 x 16 GB): the value head
-    # shares the actor's trunk instead.
+    # shares the actor's trunk instead (with LoRA its gradient reaches the adapters only).
     config.ppo.critic = "shared"
     config.ppo.vf_coef = 0.1
 

@@ -196,3 +196,43 @@ def test_lora_trains_only_the_adapters_by_hand():
   assert sum(v.size for _, v in nnx.to_flat_state(nnx.state(abstract, models.lora.LoraParam))) == (
       n_lora
   )
+
+
+@pytest.mark.parametrize(
+    "variant, episodes, total_gib",
+    [
+        ("qwen2.5-3b-h100-lora", 128, 31.2),
+        ("qwen2.5-7b-h100-lora", 128, 52.4),
+        ("qwen3-4b-h100-lora", 64, 51.2),  # 8 kv heads: the KV cache halves the groups
+        ("qwen3-8b-h100-lora", 64, 63.2),
+    ],
+)
+def test_lora_variants_fit_one_h100(variant, episodes, total_gib, tmp_path):
+  """RAGEN's LoRA (rank 64, all linear layers) on frozen bfloat16 weights: the optimizer holds
+  the adapters' moments only, and every model up to 8B fits 80 GB with the 20% margin."""
+  preset = variant.split("-h100")[0]
+  model_config = models.get_config(preset)
+  with open(tmp_path / "config.json", "w") as fp:
+    json.dump(model_config.to_hf_dict(), fp)
+  config = launch_utils.load_config_file(f"configs/sokoban_ppo.py:{variant}")
+  with config.unlocked():
+    config.model.checkpoint = str(tmp_path)
+  exp = experiment.from_config(config)
+  lora_config = exp.model.lora.config()
+  assert lora_config.rank == 64 and lora_config.alpha == 64 and len(lora_config.targets) == 7
+  assert exp.train_episodes == episodes and exp.ppo.critic == "shared"
+  c = model_config.replace(remat=True, dtype="bfloat16", param_dtype="bfloat16")
+  est = memory.estimate(exp, c, _layout())
+  n, n_lora = models.num_params(c), memory.lora_elements(c, lora_config, _layout())
+  # Per layer and target, r x (in + out): q 64 x (D + H·Dh), k and v 64 x (D + K·Dh), ...
+  d, f, q, kv = (
+      c.hidden_size,
+      c.intermediate_size,
+      c.num_heads * c.head_dim,
+      c.num_kv_heads * c.head_dim,
+  )
+  assert n_lora == c.num_layers * 64 * ((d + q) * 2 + (d + kv) * 2 + (d + f) * 3)
+  assert est["params"] == 2 * n + 4 * n_lora and est["optimizer"] == 12 * n_lora
+  assert est["reference"] == 0 and est["critic"] == 0
+  assert est["total"] / memory.GIB == pytest.approx(total_gib, abs=0.05)
+  assert est["total"] / memory.GIB < 0.8 * 80

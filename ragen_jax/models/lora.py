@@ -6,6 +6,8 @@
 A target kernel W of shape [L, *in, *out] (q, k, v: [L, D, n, Dh]; o: [L, H, Dh, D]; gate, up:
 [L, D, F]; down: [L, F, D]) gains two stacked adapters, A [L, *in, r] drawn from
 N(0, 1 / prod(in)) and B [L, r, *out] at zero, so a fresh adapter leaves the model unchanged.
+Adapters are float32 whatever the base weights' dtype: they are what trains, and an update below
+half a bfloat16 ulp of a weight would vanish (ragen_jax/algos/optim.py); they are small.
 The layer function (`qwen2._decoder_layer`) adds scale * (x @ A) @ B, scale = alpha / r, to
 every projection whose adapters exist: training, prefill and sampling share that one path.
 
@@ -62,7 +64,7 @@ def adapter_shapes(target: str, kernel_shape, kernel_axes, rank: int):
 
 
 def init_adapters(
-    kernels: dict[str, nnx.Variable], cfg: LoraConfig, key: jax.Array, dtype, sharding=None
+    kernels: dict[str, nnx.Variable], cfg: LoraConfig, key: jax.Array, sharding=None
 ) -> dict[str, LoraParam]:
   """The adapters of `cfg.targets`, keyed by attribute name.
 
@@ -71,7 +73,6 @@ def init_adapters(
       shapes and logical axes (abstract ones from `nnx.eval_shape` do).
     cfg: the LoRA settings.
     key: PRNG key for the A factors.
-    dtype: the adapters' dtype (the model's param_dtype).
     sharding: optional `logical axes -> jax Sharding`, where to put each adapter.
   """
   out = {}
@@ -84,7 +85,6 @@ def init_adapters(
     a = jax.random.normal(k, a_shape, jnp.float32) / math.sqrt(fan_in)
     b = jnp.zeros(b_shape, jnp.float32)
     for name, value, value_axes in zip(adapter_names(target), (a, b), (a_axes, b_axes)):
-      value = value.astype(dtype)
       if sharding is not None:
         value = jax.device_put(value, sharding(value_axes))
       out[name] = LoraParam(value, out_sharding=value_axes, eager_sharding=False)
@@ -108,7 +108,7 @@ def add(model, cfg: LoraConfig, key: jax.Array, sharding=None):
     raise ValueError("the model already has LoRA adapters")
   layers = model.decoder.layers
   kernels = {kernel_name(t): getattr(layers, kernel_name(t)) for t in LORA_TARGETS}
-  for name, param in init_adapters(kernels, cfg, key, config.param_dtype, sharding).items():
+  for name, param in init_adapters(kernels, cfg, key, sharding).items():
     setattr(layers, name, param)
   _set_config(model, config.replace(lora=cfg))
   return model

@@ -163,7 +163,7 @@ class DecoderLayers(nnx.Module):
       setattr(self, name, _param(value, axes, pd))
     if c.lora is not None:  # LoRA adapters (lora.LoraParam), B at zero
       kernel_vars = {name: getattr(self, name) for name in kernels}
-      for name, adapter in lora.init_adapters(kernel_vars, c.lora, rngs.params(), pd).items():
+      for name, adapter in lora.init_adapters(kernel_vars, c.lora, rngs.params()).items():
         setattr(self, name, adapter)
     # transformers initialises biases to 0 and norm scales to 1.
     if c.attention_bias:  # Qwen2

@@ -104,9 +104,12 @@ def estimate(exp, config: models.ModelConfig, sharder) -> Dict[str, float]:
   lora_config = c.lora if c.lora is not None else exp.model.lora.config()
   n_lora = lora_elements(c, lora_config, sharder)
   n_trained = n_lora if lora_config is not None else n_param
-  out = {"params": (n_param + n_lora) * pbytes, "optimizer": n_trained * opt_bytes}
+  # Adapters are float32 whatever param_dtype (models/lora.py).
+  out = {"params": n_param * pbytes + n_lora * 4.0, "optimizer": n_trained * opt_bytes}
   separate = ppo.uses_critic and ppo.critic == "separate"
-  out["critic"] = (n_param + n_lora) * (pbytes + opt_bytes) if separate else 0
+  # A separate critic, copied from the policy with its adapters, trains every weight.
+  critic_bytes = n_param * pbytes + n_lora * 4.0 + (n_param + n_lora) * opt_bytes
+  out["critic"] = critic_bytes if separate else 0
   out["reference"] = n_param * pbytes if ppo.use_kl_loss and lora_config is None else 0.0
   batch = max(e.train_groups for e in exp.envs) * r.group_size
   capacity = r.max_context + r.max_turn_tokens
