@@ -29,7 +29,9 @@ def get_config(arg=None):
           max_context=2048,
           max_turn_tokens=384,
       ),
-      ppo=dict(actor_lr=1e-4, critic_lr=1e-4, num_minibatches=2),  # CPU: RAGEN 1e-6 / 1e-5
+      # CPU: RAGEN 1e-6 / 1e-5; 8 episodes per micro-batch keep five turns of boards (sequences
+      # of ~2,000 tokens) within a 24 GB machine (one micro-batch of 32 needed over 32 GB).
+      ppo=dict(actor_lr=1e-4, critic_lr=1e-4, num_minibatches=2, micro_batches=4),
       sft=dict(steps=200, batch_size=16, lr=1e-3, warmup_steps=20),  # CPU: the solver's moves
       trainer=dict(total_steps=40, eval_every=10, save_every=10, pad_multiple=512),
   )

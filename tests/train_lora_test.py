@@ -1,6 +1,7 @@
-"""A LoRA training run (the :smoke Sokoban config with model.lora.rank > 0): checkpoints hold the
-adapters, the base stays as built, a resumed run equals the uninterrupted one, and the export is
-the merged plain model."""
+"""A LoRA training run (the :smoke Sokoban config with model.lora.rank > 0, from a checkpoint
+directory, with a supervised warm start): checkpoints hold the adapters, the base stays as loaded
+through SFT and RL, a resumed run equals the uninterrupted one, and the export is the merged plain
+model."""
 
 import os
 
@@ -20,7 +21,7 @@ from ragen_jax.train import restore
 from ragen_jax.train import trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_TIMING = ("timing_s/", "perf/", "timing_per_token_ms/")
+_TIMING = ("timing_s/", "perf/", "timing_per_token_ms/", "sft/elapsed_s")
 
 
 def lora_config():
@@ -29,6 +30,10 @@ def lora_config():
     config.model.lora.rank = 4
     config.model.lora.alpha = 8.0
     config.trainer.total_steps = 2
+    # A Hugging Face checkpoint directory as the start, with RAGEN's LoRA SFT before RL: the
+    # warm start fine-tunes the adapters only.
+    config.model.checkpoint = policy.WARM_START_DIR
+    config.sft.steps, config.sft.batch_size = 2, 4
   return config
 
 

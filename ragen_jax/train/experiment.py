@@ -326,11 +326,6 @@ def from_config(config) -> Experiment:
         f"sft.steps > 0 plays scripted experts, and envs {no_expert} have none "
         "(a text environment demonstrates when its class defines expert()); use sft.steps=0"
     )
-  if exp.sft.steps and exp.model.checkpoint is not None:
-    _fail(
-        "sft.steps > 0 fine-tunes the tiny from-scratch model; with model.checkpoint set "
-        "use sft.steps=0"
-    )
   return exp
 
 

@@ -29,6 +29,7 @@ from ragen_jax.algos.logprobs import sequence_logprobs
 from ragen_jax.algos.step_records import copy_tree
 from ragen_jax.config_checks import check_fields, NonNegativeFloat, NonNegativeInt
 from ragen_jax.config_checks import PositiveFloat, PositiveInt, UnitFloat
+from ragen_jax.models import lora
 from ragen_jax.train import demos
 from ragen_jax.train import keys
 
@@ -85,16 +86,17 @@ def make_sft_step(model, cfg: SFTConfig):
     return -jnp.sum(logp * maskf) / n, jnp.sum(jnp.exp(logp) * maskf) / n
 
   def step(state: SFTState, tokens, attn, loss_mask):
-    (loss, mean_p), grads = jax.value_and_grad(nll, has_aux=True)(
-        state.params, tokens, attn, loss_mask
-    )
-    updates, opt = tx.update(grads, state.opt, state.params)
-    params = optax.apply_updates(state.params, updates)
+    # With LoRA adapters only they are fine-tuned (RAGEN's LoRA SFT): the base stays frozen.
+    trainable, frozen = lora.partition(state.params)
+    loss_of = lambda t: nll(lora.combine(t, frozen), tokens, attn, loss_mask)
+    (loss, mean_p), grads = jax.value_and_grad(loss_of, has_aux=True)(trainable)
+    updates, opt = tx.update(grads, state.opt, trainable)
+    params = lora.combine(optax.apply_updates(trainable, updates), frozen)
     metrics = {"sft/loss": loss, "sft/token_prob": mean_p, "sft/grad_norm": optax.tree.norm(grads)}
     return SFTState(params, opt, state.step + 1), metrics
 
   def init(params):
-    return SFTState(params, tx.init(params), jnp.zeros((), jnp.int32))
+    return SFTState(params, tx.init(lora.partition(params)[0]), jnp.zeros((), jnp.int32))
 
   return init, jax.jit(step, donate_argnums=(0,))
 
