@@ -239,7 +239,8 @@ def apply_variant(config: ml_collections.ConfigDict, arg) -> ml_collections.Conf
   model=qwen2.5-*: a real checkpoint (`--config.model.checkpoint=DIR`, required) with its own
     tokenizer, no warm start, RAGEN's learning rates and lengths.
   params=bf16: bfloat16 weights (actor, critic, reference) with float32 AdamW moments.
-  params=lora: RAGEN's LoRA (rank 64, alpha 64, all linear layers) on frozen bfloat16 weights.
+  params=lora: RAGEN's LoRA (rank 64, alpha 64, all linear layers, the actor's learning rate x10)
+    on frozen bfloat16 weights.
   hw=h100 | v5e8: remat, the mesh and micro-batches for that card (`HARDWARE`), knowing the
     weights' dtype.
   smoke: seconds-scale sizes for tests and CI (the whole run well under 2 minutes on 2 cores);
@@ -251,8 +252,9 @@ def apply_variant(config: ml_collections.ConfigDict, arg) -> ml_collections.Conf
   if "params" in variant:
     config.model.param_dtype = "bfloat16"
     config.ppo.moment_dtype = "float32"
-    if variant["params"] == "lora":
+    if variant["params"] == "lora":  # RAGEN's LoRA recipe: rank 64, alpha 64, LR x10
       config.model.lora.rank, config.model.lora.alpha = 64, 64.0
+      config.ppo.actor_lr *= 10
   if "hw" in variant:
     _hardware_variant(config, variant["model"], variant["hw"])
   if "scale" in variant:

@@ -220,6 +220,7 @@ def test_lora_variants_fit_one_h100(variant, episodes, total_gib, tmp_path):
   exp = experiment.from_config(config)
   lora_config = exp.model.lora.config()
   assert lora_config.rank == 64 and lora_config.alpha == 64 and len(lora_config.targets) == 7
+  assert exp.ppo.actor_lr == pytest.approx(1e-5)  # RAGEN's LoRA learning rate: 10 x 1e-6
   assert exp.train_episodes == episodes and exp.ppo.critic == "shared"
   c = model_config.replace(remat=True, dtype="bfloat16", param_dtype="bfloat16")
   est = memory.estimate(exp, c, _layout())
