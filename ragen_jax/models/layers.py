@@ -1,5 +1,5 @@
-"""Pure-function pieces of the decoder (Qwen2, Qwen3, Llama): RMSNorm, RoPE, MLP (attention:
-attention.py).
+"""Pure-function pieces of the decoder (Qwen2, Qwen3, Llama): RMSNorm and RoPE (attention:
+attention.py; the SwiGLU MLP is in the layer, whose one `linear` carries LoRA).
 
 They take raw arrays (one layer's slice of the stacked parameters) so that the
 decoder can `lax.scan` over layers. Dimension legend: B batch, T new tokens,
@@ -83,11 +83,3 @@ def rope(x_BxTxNxDh: jax.Array, positions_BxT: jax.Array, theta: float, scaling=
   x1, x2 = jnp.split(x_BxTxNxDh.astype(jnp.float32), 2, axis=-1)
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return out.astype(x_BxTxNxDh.dtype)
-
-
-def swiglu(
-    x_BxTxD: jax.Array, gate_DxF: jax.Array, up_DxF: jax.Array, down_FxD: jax.Array
-) -> jax.Array:
-  """Qwen2's MLP: down(silu(gate(x)) * up(x)), no biases."""
-  gate_BxTxF = jax.nn.silu(x_BxTxD @ gate_DxF)
-  return (gate_BxTxF * (x_BxTxD @ up_DxF)) @ down_FxD

@@ -225,7 +225,7 @@ def _decoder_layer(c: ModelConfig, p: dict[str, jax.Array], x_BxTxD, positions_B
   attn_BxTxHxDh, aux = attend(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh)
   x_BxTxD = x_BxTxD + linear(attn_BxTxHxDh.reshape(b * t, -1), "o").reshape(b, t, d)
   h_NxD = ops.rms_norm(x_BxTxD, p["mlp_norm"], c.rms_norm_eps).reshape(b * t, d)
-  # SwiGLU (as ops.swiglu): down(silu(gate(h)) * up(h)).
+  # SwiGLU, as in transformers: down(silu(gate(h)) * up(h)), no biases.
   gated_NxF = jax.nn.silu(linear(h_NxD, "gate")) * linear(h_NxD, "up")
   x_BxTxD = x_BxTxD + linear(gated_NxF, "down").reshape(b, t, d)
   return x_BxTxD, aux
