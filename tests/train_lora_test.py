@@ -4,13 +4,14 @@ through SFT and RL, a resumed run equals the uninterrupted one, and the export i
 model."""
 
 import os
+import subprocess
+import sys
 
 from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ragen_jax import export
 from ragen_jax import logging_utils
 from ragen_jax import models
 from ragen_jax.models import lora
@@ -68,8 +69,14 @@ def test_lora_run_resumes_exactly_and_keeps_the_base(tmp_path):
   for x, y in zip(base(a), base(start)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   # The export: a plain checkpoint (adapters merged) with the trained actor's logits.
+  # Through the command: ragen_jax.export's flags would clash with ragen_jax.evaluate's in one
+  # process (absl flags are global).
   out = str(tmp_path / "exported")
-  assert export.export(ref_dir, out) == 2
+  subprocess.run(
+      [sys.executable, "-m", "ragen_jax.export", f"--checkpoint={ref_dir}", f"--out={out}"],
+      check=True,
+      cwd=ROOT,
+  )
   exported = models.load_hf(out)
   assert exported.config.lora is None
   np.testing.assert_allclose(np.asarray(exported(ids)), np.asarray(a(ids)), atol=1e-5)
