@@ -136,28 +136,35 @@ def _normal(rngs: nnx.Rngs, shapes: list[tuple[int, ...]]) -> list[jax.Array]:
   return [flat[o : o + n].reshape(shape) for o, n, shape in zip(offsets, sizes, shapes)]
 
 
+def kernel_table(c: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+  """The stacked linear kernels: {name: (shape, logical axes)}, the one table that the layers,
+  the LoRA adapters and the memory estimate read."""
+  l, d, h, k, dh, f = (
+      c.num_layers,
+      c.hidden_size,
+      c.num_heads,
+      c.num_kv_heads,
+      c.head_dim,
+      c.intermediate_size,
+  )
+  return {
+      "q_kernel": ((l, d, h, dh), ("layers", "embed", "heads", "head_dim")),
+      "k_kernel": ((l, d, k, dh), ("layers", "embed", "kv_heads", "head_dim")),
+      "v_kernel": ((l, d, k, dh), ("layers", "embed", "kv_heads", "head_dim")),
+      "o_kernel": ((l, h, dh, d), ("layers", "heads", "head_dim", "embed")),
+      "gate_kernel": ((l, d, f), ("layers", "embed", "mlp")),
+      "up_kernel": ((l, d, f), ("layers", "embed", "mlp")),
+      "down_kernel": ((l, f, d), ("layers", "mlp", "embed")),
+  }
+
+
 class DecoderLayers(nnx.Module):
   """All L decoder layers, parameters stacked on a leading layer axis."""
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     c, pd = config, config.param_dtype
-    l, d, h, k, dh, f = (
-        c.num_layers,
-        c.hidden_size,
-        c.num_heads,
-        c.num_kv_heads,
-        c.head_dim,
-        c.intermediate_size,
-    )
-    kernels = {  # name: (shape, logical axes)
-        "q_kernel": ((l, d, h, dh), ("layers", "embed", "heads", "head_dim")),
-        "k_kernel": ((l, d, k, dh), ("layers", "embed", "kv_heads", "head_dim")),
-        "v_kernel": ((l, d, k, dh), ("layers", "embed", "kv_heads", "head_dim")),
-        "o_kernel": ((l, h, dh, d), ("layers", "heads", "head_dim", "embed")),
-        "gate_kernel": ((l, d, f), ("layers", "embed", "mlp")),
-        "up_kernel": ((l, d, f), ("layers", "embed", "mlp")),
-        "down_kernel": ((l, f, d), ("layers", "mlp", "embed")),
-    }
+    l, d, h, k, dh = c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
+    kernels = kernel_table(c)
     values = _normal(rngs, [shape for shape, _ in kernels.values()])
     for (name, (_, axes)), value in zip(kernels.items(), values):
       setattr(self, name, _param(value, axes, pd))

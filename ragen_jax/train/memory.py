@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax import models
+from ragen_jax.models import lora
 
 GIB = 2.0**30
 
@@ -37,20 +38,18 @@ def _sharded(shape_logical, sharder) -> float:
 
 def param_elements(c: models.ModelConfig, sharder) -> float:
   """One device's share of the causal LM's parameter elements."""
-  l, d, h, k, dh, f, v = (
+  l, d, h, k, dh, v = (
       c.num_layers,
       c.hidden_size,
       c.num_heads,
       c.num_kv_heads,
       c.head_dim,
-      c.intermediate_size,
       c.vocab_size,
   )
   per = lambda *dims: _sharded(dims, sharder)
+  kernels = models.qwen2.kernel_table(c).values()
   total = (
-      per((l, "layers"), (d, "embed"), (h, "heads"), (dh, "head_dim")) * 2  # q, o
-      + per((l, "layers"), (d, "embed"), (k, "kv_heads"), (dh, "head_dim")) * 2  # k, v
-      + per((l, "layers"), (d, "embed"), (f, "mlp")) * 3
+      sum(_sharded(tuple(zip(shape, axes)), sharder) for shape, axes in kernels)
       + 2 * per((l, "layers"), (d, "embed"))
       + per((v, "vocab"), (d, "embed")) * (1 if c.tie_word_embeddings else 2)
       + per((d, "embed"))
@@ -67,28 +66,11 @@ def lora_elements(c: models.ModelConfig, lora_config, sharder) -> float:
   """One device's share of the LoRA adapters' elements (0 without adapters)."""
   if lora_config is None:
     return 0.0
-  l, d, h, k, dh, f = (
-      c.num_layers,
-      c.hidden_size,
-      c.num_heads,
-      c.num_kv_heads,
-      c.head_dim,
-      c.intermediate_size,
-  )
-  kernels = {  # target: (in dims, out dims), each (size, logical axis)
-      "q": (((d, "embed"),), ((h, "heads"), (dh, "head_dim"))),
-      "k": (((d, "embed"),), ((k, "kv_heads"), (dh, "head_dim"))),
-      "v": (((d, "embed"),), ((k, "kv_heads"), (dh, "head_dim"))),
-      "o": (((h, "heads"), (dh, "head_dim")), ((d, "embed"),)),
-      "gate": (((d, "embed"),), ((f, "mlp"),)),
-      "up": (((d, "embed"),), ((f, "mlp"),)),
-      "down": (((f, "mlp"),), ((d, "embed"),)),
-  }
-  rank, total = (lora_config.rank, None), 0.0
+  kernels, total = models.qwen2.kernel_table(c), 0.0
   for target in lora_config.targets:
-    ins, outs = kernels[target]
-    total += _sharded(((l, "layers"), *ins, rank), sharder)  # A [L, *in, r]
-    total += _sharded(((l, "layers"), rank, *outs), sharder)  # B [L, r, *out]
+    shape, axes = kernels[lora.kernel_name(target)]
+    for a_shape, a_axes in lora.adapter_shapes(target, shape, axes, lora_config.rank):
+      total += _sharded(tuple(zip(a_shape, a_axes)), sharder)  # A [L, *in, r], B [L, r, *out]
   return total
 
 
