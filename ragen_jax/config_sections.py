@@ -92,8 +92,9 @@ def section(cls, exclude=(), where: str = "", **values) -> ml_collections.Config
 
 def env(name: str = "", entry: str = "", **values) -> ml_collections.ConfigDict:
   """One `envs.<tag>` section: `train.experiment.EnvSpec`'s keys, the rollout's per-tag ones
-  (`ENV_DEFAULTS`), and `options`: a registered environment's keyword options at their
-  defaults (`options=dict(...)` overrides), or for an `entry` just the options given."""
+  (`ENV_DEFAULTS`), `options`: a registered environment's keyword options at their defaults
+  (`options=dict(...)` overrides), or for an `entry` just the options given, and `val_options`:
+  those of them validation plays with instead (`val_options=dict(...)`)."""
   if bool(name) == bool(entry):
     raise ValueError(f"an environment section names a registered name or an entry: {name!r}")
   factory = envs_lib.registry.resolve(name, entry)
@@ -110,7 +111,16 @@ def env(name: str = "", entry: str = "", **values) -> ml_collections.ConfigDict:
     out.options = section(factory, where=f"envs({name}).options")
   else:
     out.options = ml_collections.ConfigDict(envs_lib.registry.option_defaults(factory))
-  out.val_options = ml_collections.ConfigDict()
+  # Validation's overrides: keys of `options` only (a typo is caught here, not at the first
+  # validation). Keys a config file sets can then be overridden on the command line too.
+  val_options = values.pop("val_options", {})
+  unknown = sorted(set(val_options) - set(out.options)) if not entry else []
+  if unknown:
+    raise ValueError(
+        f"unknown config key envs({name}).val_options.{unknown[0]}; valid keys there: "
+        f"{', '.join(sorted(out.options.keys()))}"
+    )
+  out.val_options = ml_collections.ConfigDict(val_options)
   for field in dataclasses.fields(rollout_lib.RolloutConfig):
     if field.name in rollout_lib.RolloutConfig.PER_TAG:
       out[field.name] = _config_value(field)

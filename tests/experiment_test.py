@@ -123,6 +123,21 @@ def test_sokoban_rewards_are_config_knobs_reaching_the_env():
   assert (env.step_reward, env.box_on_target_reward, env.solved_reward) == (0.0, 1.0, 5.0)
 
 
+def test_validation_options_override_training_options_for_validation_only():
+  section = config_sections.env(
+      "sokoban", options=dict(search_depth=6), val_options=dict(search_depth=40)
+  )
+  config = load("sokoban_ppo")
+  config.envs.sokoban = section
+  spec = experiment.from_config(config).envs[0]
+  assert (spec.make().search_depth, spec.make(validation=True).search_depth) == (6, 40)
+  assert spec.make(validation=True).num_boxes == spec.make().num_boxes == 1
+  with pytest.raises(
+      ValueError, match=r"val_options\.serch_depth; valid keys there: .*search_depth"
+  ):
+    config_sections.env("sokoban", val_options=dict(serch_depth=40))
+
+
 def test_override_typos_name_the_valid_keys():
   config = load("sokoban_ppo")
   config_sections.check_overrides(config, ["--config.rollout.group_size=4", "--workdir=x"])

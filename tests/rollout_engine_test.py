@@ -248,6 +248,28 @@ def test_scripted_budget_and_turn_scores(monkeypatch, model):
   np.testing.assert_allclose(rewards[0].sum(), float(result.batch.scores_B[0]), atol=1e-6)
 
 
+def test_compact_prompts_play_the_same_episodes_in_fewer_tokens(monkeypatch, model):
+  env = envs.make("frozenlake", success_rate=1.0)
+  ragen = small_config(max_turns=3, max_actions_per_traj=4, enable_think=False)
+  compact = dataclasses.replace(ragen, prompt_style="compact")
+  replies = [["Left || Down</answer>", "Right</answer>", "x"]] * 4
+  a, b = (scripted_run(monkeypatch, model, env, replies, c, seed=3) for c in (ragen, compact))
+  for key in ("return", "num_actions", "num_turns", "success", "format_penalty"):
+    np.testing.assert_array_equal(a.metrics[key], b.metrics[key])
+  system, *turns = [m["content"] for m in b.episodes[0]["messages"] if m["role"] != "assistant"]
+  assert system.endswith(
+      "Always output: <answer>...</answer> with no extra text. Strictly "
+      "follow this format. Max response length: 100 words (tokens).\n"
+  )
+  assert turns[0].startswith("\nTurn 1:\n") and turns[0].endswith("\nActions left: 4\n")
+  assert all("Always output" not in t and "State:" not in t for t in turns)
+  # The same trained tokens, and fewer context tokens once the episode has a second turn.
+  loss_a, loss_b = np.asarray(a.batch.loss_mask_BxT), np.asarray(b.batch.loss_mask_BxT)
+  assert loss_a.sum() == loss_b.sum()
+  length_a, length_b = (np.asarray(r.batch.attention_mask_BxT).sum(1) for r in (a, b))
+  assert (length_b[a.metrics["num_turns"] > 1] < length_a[a.metrics["num_turns"] > 1]).all()
+
+
 def test_scripted_bandit_uses_the_arm_names(monkeypatch, model):
   env = envs.make("bandit")
   config = small_config(max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1)

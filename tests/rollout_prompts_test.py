@@ -128,6 +128,16 @@ def test_system_and_turn_prompts_are_ragens_text():
       "<think>...</think><answer>...</answer> with no extra text. Strictly follow this format. "
       "Max response length: 120 words (tokens).\n"
   )
+  compact = prompts.system_prompt(
+      env.instruction("grid"), env.grid_vocab, env.action_names, 10, rule=prompts.output_rule(False)
+  )
+  assert compact == system + (
+      "Always output: <answer>...</answer> with no extra text. Strictly follow this format. "
+      "Max response length: 100 words (tokens).\n"
+  )
+  assert (
+      prompts.turn_prompt(2, "P_\n_G", 8, style="compact") == "\nTurn 2:\nP_\n_G\nActions left: 8\n"
+  )
   assert prompts.reward_prompt(-0.1 + 0.0) == "Reward:\n-0.1\n"
   assert prompts.reward_prompt(10.9) == "Reward:\n10.9\n"
   coord = envs.make("sokoban", dim_room=(7, 8)).instruction("grid_coord")

@@ -75,6 +75,13 @@ def test_smoke_run_writes_events_checkpoints_and_trajectories(reference_run):
   ):
     assert tag in scalars, tag
   assert [s for s, _ in scalars["train/success"]] == [1, 2, 3, 4]
+  # The rollout's time splits into the policy, the environments and the host, within the whole
+  # collection; a fraction of the decode loop's row-steps sampled a token.
+  for (_, gen), *parts in zip(
+      *(scalars[f"timing_s/gen{p}"] for p in ("", "_decode", "_env", "_host"))
+  ):
+    assert all(v >= 0 for _, v in parts) and sum(v for _, v in parts) <= gen
+  assert all(0 < v <= 1 for _, v in scalars["perf/decode_row_use"])
   # Diagnostics: reasoning metrics every step, the MI family at step 1 and every 2 (smoke).
   assert [s for s, _ in scalars["collapse/valid_thinking_rate"]] == [1, 2, 3, 4]
   assert [s for s, _ in scalars["reasoning_length/mean"]] == [1, 2, 3, 4]

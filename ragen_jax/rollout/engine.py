@@ -225,6 +225,9 @@ class Rollout:
         names,
         c.max_actions_per_traj,
         c.action_sep,
+        rule=prompts.output_rule(c.enable_think, c.max_tokens_hint)
+        if c.prompt_style == "compact"
+        else "",
     )
     return Episode(
         seed,
@@ -238,7 +241,7 @@ class Rollout:
   def _user_turn(self, ep: Episode, turn: int) -> str:
     c = self.config
     return prompts.turn_prompt(
-        turn, ep.observation, ep.actions_left, c.enable_think, c.max_tokens_hint
+        turn, ep.observation, ep.actions_left, c.enable_think, c.max_tokens_hint, c.prompt_style
     )
 
   def _prompt(self, ep: Episode, turn: int) -> List[int]:

@@ -13,6 +13,7 @@ from ragen_jax import sampling
 from ragen_jax.batch import RolloutBatch
 from ragen_jax.config_checks import check_fields, FiniteFloat, PositiveFloat
 from ragen_jax.config_checks import NonNegativeInt, PositiveInt, Range
+from ragen_jax.rollout import prompts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +35,8 @@ class RolloutConfig:
   unchanged_penalty: FiniteFloat = 0.0  # per training turn after which the state reads as
   # before (not RAGEN; validation rewards never carry it)
   enable_think: bool = True  # <think>...</think><answer>...</answer> format
+  prompt_style: str = "ragen"  # prompts.PROMPT_STYLES: RAGEN's text, or "compact" (the output
+  # rule once in the system message, short user turns)
   max_new_tokens: PositiveInt = 400  # sampled tokens per turn (RAGEN response_length)
   max_context: PositiveInt = 3600  # tokens of a whole conversation (RAGEN max_model_len)
   max_turn_tokens: PositiveInt = 512  # longest appended user turn (sizes the KV cache slack)
@@ -52,6 +55,10 @@ class RolloutConfig:
 
   def __post_init__(self):
     check_fields(self, "rollout")
+    if self.prompt_style not in prompts.PROMPT_STYLES:
+      raise ValueError(
+          f"rollout.prompt_style must be one of {prompts.PROMPT_STYLES}, got {self.prompt_style!r}"
+      )
     if not self.max_context > self.max_new_tokens:
       raise ValueError("rollout.max_context must exceed rollout.max_new_tokens")
 

@@ -11,6 +11,11 @@ Conversation of one episode (Qwen ChatML, as RAGEN's ctx_manager builds it):
   user:      "Reward:\\n<r>\\n" + "\\nTurn 2:\\n..."
   ...
 
+The "compact" style (not RAGEN's; for small models on small machines) states the output rule
+once, at the end of the system message, and each user turn is only "\\nTurn k:\\n<render>\\n
+Actions left: N\\n": RAGEN repeats about 40 tokens of rules every turn, which in a five-turn
+Sokoban episode outweigh the boards.
+
 Parsing follows RAGEN: regex `<think>(.*?)</think>\\s*<answer>(.*?)</answer>` (DOTALL, search),
 special tokens stripped from the captures, the answer split on the separator, trimmed, empties
 dropped, at most `max_actions` kept, then each word matched to an action name ignoring case.
@@ -21,9 +26,19 @@ import dataclasses
 import re
 from typing import Dict, Optional, Sequence, Tuple
 
+PROMPT_STYLES = ("ragen", "compact")
 SPECIAL_TOKENS = ("<think>", "</think>", "<answer>", "</answer>", "<|im_start|>", "<|im_end|>")
 _THINK_ANSWER = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def output_rule(enable_think: bool = True, max_tokens_hint: int = 100) -> str:
+  """The reply-format rule RAGEN's user turns end with."""
+  fmt = "<think>...</think><answer>...</answer>" if enable_think else "<answer>...</answer>"
+  return (
+      f"Always output: {fmt} with no extra text. Strictly follow this format. Max response "
+      f"length: {max_tokens_hint} words (tokens).\n"
+  )
 
 
 def system_prompt(
@@ -32,9 +47,10 @@ def system_prompt(
     action_names: Optional[Sequence[str]],
     max_actions_per_traj: int,
     action_sep: str = "||",
+    rule: str = "",
 ) -> str:
-  """System message: instruction, symbol legend, action names (none for free-text answers) and
-  the action budget."""
+  """System message: instruction, symbol legend, action names (none for free-text answers),
+  the action budget, then `rule` (the compact style's output rule)."""
   text = "You're a helpful assistant. " + instruction
   if grid_vocab:
     text += "\nThe meaning of each symbol in the state is:\n" + ", ".join(
@@ -46,7 +62,7 @@ def system_prompt(
       f"\nYou can make up to {max_actions_per_traj} actions, separated by the action "
       f'separator " {action_sep} "\n'
   )
-  return text
+  return text + rule
 
 
 def turn_prompt(
@@ -55,13 +71,14 @@ def turn_prompt(
     actions_left: int,
     enable_think: bool = True,
     max_tokens_hint: int = 100,
+    style: str = "ragen",
 ) -> str:
-  """The user text of turn `turn` (1-based)."""
-  fmt = "<think>...</think><answer>...</answer>" if enable_think else "<answer>...</answer>"
+  """The user text of turn `turn` (1-based) in a PROMPT_STYLES style."""
+  if style == "compact":
+    return f"\nTurn {turn}:\n{state_text}\nActions left: {actions_left}\n"
   return (
-      f"\nTurn {turn}:\nState:\n{state_text}\nYou have {actions_left} actions left. Always "
-      f"output: {fmt} with no extra text. Strictly follow this format. Max response length: "
-      f"{max_tokens_hint} words (tokens).\n"
+      f"\nTurn {turn}:\nState:\n{state_text}\nYou have {actions_left} actions left. "
+      + output_rule(enable_think, max_tokens_hint)
   )
 
 
