@@ -464,3 +464,12 @@ def test_join_batches_pads_and_offsets_group_ids():
   np.testing.assert_array_equal(np.asarray(joined.group_ids_B), [0, 0, 1, 1, 2, 2])
   np.testing.assert_array_equal(np.asarray(joined.tokens_BxT[0]), [0] * 7 + [7] * 5)
   np.testing.assert_array_equal(np.asarray(joined.attention_mask_BxT[4]), [0] * 3 + [1] * 9)
+  # A batch bucketed wider than its longest sequence is cut back to that length, rounded up to
+  # the multiple; the cut columns are padding only.
+  wide = batch(2, 16, 9)
+  wide.attention_mask_BxT[:, :10] = 0
+  wide.tokens_BxT[:, :10] = 0
+  cut = trainer.join_batches([wide, batch(2, 3, 8)], pad_multiple=4, pad_id=0)
+  assert cut.tokens_BxT.shape == (4, 8)
+  np.testing.assert_array_equal(cut.tokens_BxT[0], [0, 0] + [9] * 6)
+  np.testing.assert_array_equal(cut.attention_mask_BxT[3], [0] * 5 + [1] * 3)

@@ -79,14 +79,23 @@ _LOSS_KEYS = ("actor/pg_loss", "critic/vf_loss", "actor/kl_loss", "actor/entropy
 
 
 def _left_pad(x_BxT, value, width: int) -> np.ndarray:
-  x_BxT = np.asarray(x_BxT)
+  """The rightmost `width` columns of x, left-padded with `value` where it is narrower."""
+  x_BxT = np.asarray(x_BxT)[:, -width:]
   return np.pad(x_BxT, ((0, 0), (width - x_BxT.shape[1], 0)), constant_values=value)
 
 
+def _used_width(batch: RolloutBatch) -> int:
+  """Columns from the earliest attended token of any row to the end (rows are left-padded)."""
+  attended_BxT = np.asarray(batch.attention_mask_BxT) > 0
+  first_B = np.where(attended_BxT.any(axis=1), attended_BxT.argmax(axis=1), attended_BxT.shape[1])
+  return int(attended_BxT.shape[1] - first_B.min())
+
+
 def join_batches(batches: List[RolloutBatch], pad_multiple: int, pad_id: int) -> RolloutBatch:
-  """One host (numpy) batch from several environments' batches: left-padded to a common width
-  (a multiple of `pad_multiple`), group ids offset so groups stay distinct."""
-  width = max(b.tokens_BxT.shape[1] for b in batches)
+  """One host (numpy) batch from several environments' batches: left-padded to a common width,
+  the longest sequence rounded up to a multiple of `pad_multiple` (the rollout's own, coarser
+  length buckets are cut back to it), group ids offset so groups stay distinct."""
+  width = max(max(_used_width(b) for b in batches), 1)
   width += -width % pad_multiple
   parts, offset = [], 0
   for b in batches:
