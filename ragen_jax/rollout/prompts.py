@@ -13,7 +13,7 @@ Conversation of one episode (Qwen ChatML, as RAGEN's ctx_manager builds it):
 
 The "compact" style (not RAGEN's; for small models on small machines) states the output rule
 once, at the end of the system message, and each user turn is only "\\nTurn k:\\n<render>\\n
-Actions left: N\\n": RAGEN repeats about 40 tokens of rules every turn, which in a five-turn
+Actions left: N\\n": RAGEN repeats about 30 tokens of rules every turn, which in a five-turn
 Sokoban episode outweigh the boards.
 
 Parsing follows RAGEN: regex `<think>(.*?)</think>\\s*<answer>(.*?)</answer>` (DOTALL, search),
