@@ -113,6 +113,16 @@ def test_a_signal_during_start_up_raises_at_once_then_waits_for_the_step():
     with pytest.raises(KeyboardInterrupt):  # a second signal aborts
       os.kill(os.getpid(), signal.SIGINT)
       _wait_for_signal()
+  # A start-up signal whose exception a callback swallowed (JAX's gc hook does) still ends
+  # start-up: the end of start-up raises it instead of going on to save.
+  with stop_signals.StopFlag(abort_start_up=True) as stop:
+    try:
+      os.kill(os.getpid(), signal.SIGTERM)
+      _wait_for_signal()
+    except stop_signals.StartUpInterrupted:
+      pass  # swallowed, as by the callback
+    with pytest.raises(stop_signals.StartUpInterrupted, match="SIGTERM"):
+      stop.start_up_done()
   with stop_signals.StopFlag(abort_start_up=False) as stop:  # multi-process start-up
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(0.2)

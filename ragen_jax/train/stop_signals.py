@@ -37,6 +37,7 @@ class StopFlag:
 
   def __init__(self, abort_start_up: bool):
     self.requested = False
+    self._signal = ""  # the first signal's name
     self._abort = abort_start_up
     self._previous = {}
 
@@ -49,7 +50,14 @@ class StopFlag:
     return self
 
   def start_up_done(self) -> None:
-    """From now on the first signal waits for the current step (and a save) to finish."""
+    """From now on the first signal waits for the current step (and a save) to finish.
+
+    Raises StartUpInterrupted if a signal came during start-up and its exception was lost:
+    raised inside a callback that swallows exceptions (JAX's garbage-collection hook does),
+    it never reached the caller.
+    """
+    if self._abort and self.requested:
+      raise StartUpInterrupted(self._signal)
     self._abort = False
 
   def _handle(self, signum, frame):
@@ -57,7 +65,7 @@ class StopFlag:
     name = signal.Signals(signum).name
     if self.requested:
       raise KeyboardInterrupt(f"second stop signal ({name})")
-    self.requested = True
+    self.requested, self._signal = True, name
     if self._abort:
       raise StartUpInterrupted(name)
     logging.warning(
