@@ -1,5 +1,6 @@
 r"""Sokoban with RL from a start that knows RAGEN's reply format but not the task: the lever study
-of experiments/README.md ("Can RL teach Sokoban from the format alone?").
+of experiments/README.md (finding 12, "From the format alone, the new levers do not teach
+Sokoban").
 
   python launch.py --config=configs/sokoban_format_start.py            # the study's base run
   python launch.py --config=configs/sokoban_format_start.py:smoke      # < 2 min, for tests

@@ -127,16 +127,21 @@ def rollout_metrics(results: Dict[str, Any], prefix: str) -> Dict[str, float]:
         out[f"{prefix}/{tag}/{name}"] = value
   for name, values in pooled.items():
     out[f"{prefix}/{name}"] = float(np.mean(np.concatenate(values)))
-  # Where the rollout's time goes (summed over tags): the policy's prefill and decode, the
-  # environments, and the host's prompting, parsing and batch building; and the share of the
-  # decode loop's row-steps that sampled a token (rows that stopped idle until the longest
-  # reply of their turn ends).
-  if prefix == "train":
-    for name in ("decode", "env", "host"):
-      out[f"timing_s/gen_{name}"] = sum(r.summary[f"{name}_s"] for r in results.values())
-    slots = sum(r.summary["decode_steps"] * len(r.episodes) for r in results.values())
-    sampled = sum(r.summary["generated_tokens"] for r in results.values())
-    out["perf/decode_row_use"] = sampled / max(slots, 1)
+  return out
+
+
+def rollout_cost(results: Dict[str, Any]) -> Dict[str, float]:
+  """Where the rollout's time went, summed over tags: the policy's prefill and decode, the
+  environments, and the host's prompting, parsing and batch building; and the share of the
+  decode loop's row-steps that sampled a token (stopped rows idle until the longest reply of
+  their turn ends)."""
+  out = {
+      f"timing_s/gen_{name}": sum(r.summary[f"{name}_s"] for r in results.values())
+      for name in ("decode", "env", "host")
+  }
+  slots = sum(r.summary["decode_steps"] * len(r.episodes) for r in results.values())
+  sampled = sum(r.summary["generated_tokens"] for r in results.values())
+  out["perf/decode_row_use"] = sampled / max(slots, 1)
   return out
 
 
@@ -470,6 +475,7 @@ class _Run:
       state = state.replace(train=train_state)
       metrics.update(
           rollout_metrics(results, "train"),
+          **rollout_cost(results),
           **diag,
           **batch_metrics(host_batch),
           **{"timing_s/gen": t_gen, "timing_s/update": t_update},
