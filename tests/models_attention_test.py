@@ -168,6 +168,34 @@ def test_cudnn_choice_runs_the_fused_kernel():
   assert "__cudnn$fmha" not in _lowered_text("xla", jnp.bfloat16)
 
 
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN needs an NVIDIA GPU")
+@pytest.mark.parametrize("t,lengths", [(256, (256, 130, 1)), (300, (300, 171, 9))])
+def test_cudnn_kernel_matches_reference_and_xla_gradients(t, lengths):
+  """The fused kernel in bfloat16: outputs against float64 softmax, gradients against XLA's."""
+  q, kk, v, mask = (
+      a.astype(jnp.bfloat16) if i < 3 else a
+      for i, a in enumerate(_inputs(3, len(lengths), t, 4, 2, 64, lengths))
+  )
+  out = attention.causal_self_attention(q, kk, v, jnp.asarray(mask), "cudnn")
+  ref = _reference(
+      q.astype(jnp.float32), kk.astype(jnp.float32), v.astype(jnp.float32), _causal_visible(mask)
+  )
+  real = mask[:, :, None, None] & np.ones(out.shape, bool)
+  np.testing.assert_allclose(np.asarray(out, np.float32)[real], ref[real], atol=2e-2, rtol=2e-2)
+  weights = jax.random.normal(jax.random.key(9), q.shape) * mask[:, :, None, None]
+
+  def loss(q, kk, v, impl):
+    out = attention.causal_self_attention(q, kk, v, jnp.asarray(mask), impl)
+    return jnp.sum(out.astype(jnp.float32) * weights)
+
+  want = jax.grad(loss, argnums=(0, 1, 2))(q, kk, v, "xla")
+  got = jax.grad(loss, argnums=(0, 1, 2))(q, kk, v, "cudnn")
+  for g, w in zip(got, want):
+    g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+    assert np.all(np.isfinite(g))
+    np.testing.assert_allclose(g, w, atol=5e-2 * np.abs(w).max(), rtol=5e-2)
+
+
 @pytest.mark.skipif(jax.default_backend() != "tpu", reason="splash needs a TPU")
 def test_splash_choice_runs_the_pallas_kernel():
   assert "tpu_custom_call" in _lowered_text("splash", jnp.bfloat16)

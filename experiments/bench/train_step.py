@@ -157,7 +157,8 @@ def time_torch(model_cfg, batch, steps, matmul_n):
   )
   hf._attn_implementation = "sdpa"  # pylint: disable=protected-access
   dev = "cuda" if torch.cuda.is_available() else "cpu"
-  model = transformers.Qwen2ForCausalLM(hf).float().train().to(dev)
+  with torch.device(dev):  # built on the device: a 3B model's CPU initialisation takes minutes
+    model = transformers.Qwen2ForCausalLM(hf).float().train()
   if model_cfg.remat:
     model.gradient_checkpointing_enable()
   ids = torch.from_numpy(np.array(batch.tokens_BxT)).long().to(dev)
@@ -199,9 +200,19 @@ def main():
   )
   p.add_argument("--remat", action="store_true", help="recompute each layer in the backward")
   p.add_argument("--micro_batches", type=int, default=1)
+  p.add_argument("--attention", default="auto", help="model.attention: auto, xla, cudnn, splash")
+  p.add_argument(
+      "--parts",
+      default="actor,ppo,fwdbwd,torch",
+      help="which rows to time; run torch in a process of its own with "
+      "XLA_PYTHON_CLIENT_PREALLOCATE=false when both sides would not fit the GPU together",
+  )
   args = p.parse_args()
+  parts = set(args.parts.split(","))
+  if args.skip_ppo:
+    parts.discard("ppo")
 
-  numerics = dict(dtype=jnp.dtype(args.dtype), remat=args.remat)
+  numerics = dict(dtype=jnp.dtype(args.dtype), remat=args.remat, attention=args.attention)
   if args.preset:
     model_cfg = models.get_config(args.preset, **numerics)
   else:
@@ -222,7 +233,8 @@ def main():
       f"device: {jax.devices()[0].device_kind} x{jax.device_count()}, {os.cpu_count()} cpus; "
       f"params {models.num_params(model_cfg) / 1e6:.1f}M; B={args.batch} T={args.seq} "
       f"D={model_cfg.hidden_size} L={model_cfg.num_layers} V={model_cfg.vocab_size}; "
-      f"{args.dtype}{' remat' if args.remat else ''}; tokens/step {tokens}"
+      f"{args.dtype}{' remat' if args.remat else ''}; attention {args.attention}; "
+      f"tokens/step {tokens}"
   )
 
   header = (
@@ -248,14 +260,16 @@ def main():
       "entropy_coeff": 0.001,
   }
   rows = []
-  runs = [
-      (
-          "jax step, actor only (grpo)",
-          algos.PPOConfig(adv_estimator="grpo", **common),
-          fwd + 3 * fwd,
-      )
-  ]
-  if not args.skip_ppo:
+  runs = []
+  if "actor" in parts:
+    runs.append(
+        (
+            "jax step, actor only (grpo)",
+            algos.PPOConfig(adv_estimator="grpo", **common),
+            fwd + 3 * fwd,
+        )
+    )
+  if "ppo" in parts:
     runs.append(
         ("jax step, PPO + separate critic (gae)", algos.PPOConfig(**common), 2 * (fwd + 3 * fwd))
     )
@@ -264,17 +278,15 @@ def main():
         model_cfg, ppo_cfg, batch, args.steps, args.matmul_n
     )
     report(name, sec, peak, pairs, flops, f"compile {compile_s:.0f} s")
-  sec, peak, pairs = time_jax_fwd_bwd(model_cfg, batch, args.steps, args.matmul_n, args.vocab_chunk)
-  report(
-      "jax fwd+bwd only (same work as torch row)",
-      sec,
-      peak,
-      pairs,
-      3 * fwd,
-      "chunked log-prob loss",
-  )
-  sec, peak, pairs = time_torch(model_cfg, batch, args.steps, args.matmul_n)
-  report("torch fwd+bwd Qwen2ForCausalLM", sec, peak, pairs, 3 * fwd, "transformers, sdpa")
+  if "fwdbwd" in parts:
+    sec, peak, pairs = time_jax_fwd_bwd(
+        model_cfg, batch, args.steps, args.matmul_n, args.vocab_chunk
+    )
+    note = f"chunked log-prob loss, attention {args.attention}"
+    report("jax fwd+bwd only (same work as torch row)", sec, peak, pairs, 3 * fwd, note)
+  if "torch" in parts:
+    sec, peak, pairs = time_torch(model_cfg, batch, args.steps, args.matmul_n)
+    report("torch fwd+bwd Qwen2ForCausalLM", sec, peak, pairs, 3 * fwd, "transformers, sdpa")
   print("\n" + header + "\n" + "\n".join(rows))
 
 

@@ -280,13 +280,15 @@ class Decoder(nnx.Module):
       *,
       positions_BxT=None,
       cache: KVCache | LayerCache | None = None,
+      layer_weights: tuple[dict[str, jax.Array], ...] | None = None,
   ):
     """(hidden_BxTxD, the updated cache or None).
 
     Without a cache the T tokens attend causally to each other through `model.attention`'s
     kernel; with one they are written at its end_index and attend over its slots. A KVCache
     runs the layers under `lax.scan`; a LayerCache (a decode loop's) unrolls them, so each
-    layer updates its own buffer in place.
+    layer updates its own buffer in place, with `layer_weights` (from `layer_weights()`, taken
+    once outside the loop) or, when None, the layers sliced out of the stack here.
     """
     c = self.config
     b, t = input_ids_BxT.shape
@@ -311,15 +313,14 @@ class Decoder(nnx.Module):
     # mode="clip": the default "fill" would turn an out-of-range id (e.g. a -1
     # pad) into a NaN row, which masked attention still multiplies by zero.
     x_BxTxD = jnp.take(self.embedding[...], input_ids_BxT, axis=0, mode="clip").astype(c.dtype)
-    stacked = self.layers.stacked()
 
     if isinstance(cache, LayerCache):
+      weights = self.layer_weights() if layer_weights is None else layer_weights
       k_layers, v_layers = list(cache.k_layers), list(cache.v_layers)
       for layer in range(c.num_layers):
         attend = _cached_attend(c, k_layers[layer], v_layers[layer], end, mask_BxTxS)
-        params = {name: a[layer] for name, a in stacked.items()}
         x_BxTxD, (k_layers[layer], v_layers[layer]) = _decoder_layer(
-            c, params, x_BxTxD, positions_BxT, attend
+            c, weights[layer], x_BxTxD, positions_BxT, attend
         )
       new_cache = LayerCache(tuple(k_layers), tuple(v_layers), key_mask_BxS, end + t)
     else:
@@ -339,9 +340,25 @@ class Decoder(nnx.Module):
       if c.remat:
         layer = jax.checkpoint(layer, prevent_cse=False)
       caches = (None, None) if cache is None else (cache.k_LxBxKxSxDh, cache.v_LxBxKxSxDh)
-      x_BxTxD, new_kv = jax.lax.scan(layer, x_BxTxD, (stacked, *caches))
+      x_BxTxD, new_kv = jax.lax.scan(layer, x_BxTxD, (self.layers.stacked(), *caches))
       new_cache = None if cache is None else KVCache(*new_kv, key_mask_BxS, end + t)
     return ops.rms_norm(x_BxTxD, self.final_norm[...], c.rms_norm_eps), new_cache
+
+  def layer_weights(self) -> tuple[dict[str, jax.Array], ...]:
+    """Each layer's parameters as arrays of their own, in the compute dtype: a decode loop's.
+
+    A decode loop takes these once, before it starts. Sliced (and cast) out of the stack inside
+    the loop, every weight was copied every step: XLA does not hoist the slices, since hoisted
+    they hold a second copy of the weights. On an H200 that copy was most of a decode step's
+    memory traffic (BENCHMARKS.md). The price is that second copy, in the compute dtype, while
+    the loop runs.
+    """
+    c = self.config
+    stacked = self.layers.stacked()
+    return tuple(
+        {name: a[layer].astype(c.dtype) for name, a in stacked.items()}
+        for layer in range(c.num_layers)
+    )
 
 
 class Qwen2(nnx.Module):
@@ -363,7 +380,15 @@ class Qwen2(nnx.Module):
       return self.decoder.embedding[...].T
     return self.lm_head[...]
 
-  def backbone(self, input_ids_BxT, attention_mask=None, *, positions_BxT=None, cache=None):
+  def backbone(
+      self,
+      input_ids_BxT,
+      attention_mask=None,
+      *,
+      positions_BxT=None,
+      cache=None,
+      layer_weights=None,
+  ):
     """Final-normed hidden states, for vocabulary-chunked log-probs.
 
     Args:
@@ -373,13 +398,28 @@ class Qwen2(nnx.Module):
       positions_BxT: RoPE positions; default derived from the mask (and the
         cache's valid slots).
       cache: optional KVCache; the T tokens are written at its end_index.
+      layer_weights: with a LayerCache, the decoder's `layer_weights()` taken outside the loop.
 
     Returns:
       (hidden_BxTxD in config.dtype, the updated cache or None).
     """
-    return self.decoder(input_ids_BxT, attention_mask, positions_BxT=positions_BxT, cache=cache)
+    return self.decoder(
+        input_ids_BxT,
+        attention_mask,
+        positions_BxT=positions_BxT,
+        cache=cache,
+        layer_weights=layer_weights,
+    )
 
-  def __call__(self, input_ids_BxT, attention_mask=None, *, positions_BxT=None, cache=None):
+  def __call__(
+      self,
+      input_ids_BxT,
+      attention_mask=None,
+      *,
+      positions_BxT=None,
+      cache=None,
+      layer_weights=None,
+  ):
     """Logits of the next token at every position.
 
     Args: as for `backbone`.
@@ -388,7 +428,11 @@ class Qwen2(nnx.Module):
       float32 logits_BxTxV, or (logits_BxTxV, new_cache) when a cache is given.
     """
     hidden_BxTxD, new_cache = self.backbone(
-        input_ids_BxT, attention_mask, positions_BxT=positions_BxT, cache=cache
+        input_ids_BxT,
+        attention_mask,
+        positions_BxT=positions_BxT,
+        cache=cache,
+        layer_weights=layer_weights,
     )
     kernel_DxV = self.unembed_kernel().astype(self.config.dtype)
     logits_BxTxV = jnp.einsum(
