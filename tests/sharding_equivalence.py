@@ -20,9 +20,9 @@ from ragen_jax import algos
 from ragen_jax import rollout as rollout_lib
 from ragen_jax import sharding
 from ragen_jax.train import experiment
+from ragen_jax.train import batching
 from ragen_jax.train import launch_utils
 from ragen_jax.train import policy as policy_lib
-from ragen_jax.train import trainer
 
 
 def run(mesh_shape, reference_batch=None):
@@ -44,7 +44,7 @@ def run(mesh_shape, reference_batch=None):
     raise SystemExit(
         "the rollout's returns barely differ: the update would be noise; pick " "other levels"
     )
-  batch = trainer.join_batches([result.batch], exp.trainer.pad_multiple, tok.pad_id)
+  batch = batching.join_batches([result.batch], exp.trainer.pad_multiple, tok.pad_id)
   if reference_batch is None:
     reference_batch = batch
   like = jax.eval_shape(lambda: algos.init_train_state(model, None, exp.ppo, jax.random.key(1)))

@@ -25,6 +25,7 @@ from ragen_jax import algos
 from ragen_jax import checkpoints
 from ragen_jax import evaluate
 from ragen_jax import logging_utils
+from ragen_jax.train import batching
 from ragen_jax.train import launch_utils
 from ragen_jax.train import restore
 from ragen_jax.train import trainer
@@ -459,7 +460,7 @@ def test_join_batches_pads_and_offsets_group_ids():
         scores_B=np.arange(b, dtype=np.float32),
     )
 
-  joined = trainer.join_batches([batch(4, 5, 7), batch(2, 9, 8)], pad_multiple=4, pad_id=0)
+  joined = batching.join_batches([batch(4, 5, 7), batch(2, 9, 8)], pad_multiple=4, pad_id=0)
   assert joined.tokens_BxT.shape == (6, 12)
   np.testing.assert_array_equal(np.asarray(joined.group_ids_B), [0, 0, 1, 1, 2, 2])
   np.testing.assert_array_equal(np.asarray(joined.tokens_BxT[0]), [0] * 7 + [7] * 5)
@@ -469,7 +470,7 @@ def test_join_batches_pads_and_offsets_group_ids():
   wide = batch(2, 16, 9)
   wide.attention_mask_BxT[:, :10] = 0
   wide.tokens_BxT[:, :10] = 0
-  cut = trainer.join_batches([wide, batch(2, 3, 8)], pad_multiple=4, pad_id=0)
+  cut = batching.join_batches([wide, batch(2, 3, 8)], pad_multiple=4, pad_id=0)
   assert cut.tokens_BxT.shape == (4, 8)
   np.testing.assert_array_equal(cut.tokens_BxT[0], [0, 0] + [9] * 6)
   np.testing.assert_array_equal(cut.attention_mask_BxT[3], [0] * 5 + [1] * 3)

@@ -1,0 +1,90 @@
+"""The host side of a training step: the environments' batches joined into one, and the rollout's
+metrics (RAGEN's per-tag rollout figures, where the rollout's time went, the batch's lengths).
+
+Dimension legend: B episodes, T tokens.
+"""
+
+import functools
+from typing import Any, Dict, List
+
+import numpy as np
+
+from ragen_jax.batch import RolloutBatch
+
+
+def _left_pad(x_BxT, value, width: int) -> np.ndarray:
+  """The rightmost `width` columns of x, left-padded with `value` where it is narrower."""
+  x_BxT = np.asarray(x_BxT)[:, -width:]
+  return np.pad(x_BxT, ((0, 0), (width - x_BxT.shape[1], 0)), constant_values=value)
+
+
+def _used_width(batch: RolloutBatch) -> int:
+  """Columns from the earliest attended token of any row to the end (rows are left-padded)."""
+  attended_BxT = np.asarray(batch.attention_mask_BxT) > 0
+  first_B = np.where(attended_BxT.any(axis=1), attended_BxT.argmax(axis=1), attended_BxT.shape[1])
+  return int(attended_BxT.shape[1] - first_B.min())
+
+
+def join_batches(batches: List[RolloutBatch], pad_multiple: int, pad_id: int) -> RolloutBatch:
+  """One host (numpy) batch from several environments' batches: left-padded to a common width,
+  the longest sequence rounded up to a multiple of `pad_multiple` (the rollout's own, coarser
+  length buckets are cut back to it), group ids offset so groups stay distinct."""
+  width = max(max(_used_width(b) for b in batches), 1)
+  width += -width % pad_multiple
+  parts, offset = [], 0
+  for b in batches:
+    pad = functools.partial(_left_pad, width=width)
+    parts.append(
+        dict(
+            tokens_BxT=pad(b.tokens_BxT, pad_id),
+            attention_mask_BxT=pad(b.attention_mask_BxT, 0),
+            loss_mask_BxT=pad(b.loss_mask_BxT, 0),
+            logprobs_BxT=pad(b.logprobs_BxT, 0),
+            token_rewards_BxT=pad(b.token_rewards_BxT, 0),
+            group_ids_B=np.asarray(b.group_ids_B) + offset,
+            scores_B=np.asarray(b.scores_B),
+        )
+    )
+    offset += int(np.max(np.asarray(b.group_ids_B))) + 1
+  return RolloutBatch(**{k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
+
+
+def rollout_metrics(results: Dict[str, Any], prefix: str) -> Dict[str, float]:
+  """RAGEN's per-tag rollout metrics (`<prefix>/<tag>/success`, ...) and overall means."""
+  out, pooled = {}, {}
+  for tag, result in results.items():
+    for name, values in result.metrics.items():
+      out[f"{prefix}/{tag}/{name}"] = float(np.mean(values))
+      pooled.setdefault(name, []).append(values)
+    for name, value in result.summary.items():
+      if name.startswith("pass@"):
+        out[f"{prefix}/{tag}/{name}"] = value
+  for name, values in pooled.items():
+    out[f"{prefix}/{name}"] = float(np.mean(np.concatenate(values)))
+  return out
+
+
+def rollout_cost(results: Dict[str, Any]) -> Dict[str, float]:
+  """Where the rollout's time went, summed over tags: the policy's prefill and decode, the
+  environments, and the host's prompting, parsing and batch building; and the share of the
+  decode loop's row-steps that sampled a token (stopped rows idle until the longest reply of
+  their turn ends)."""
+  out = {
+      f"timing_s/gen_{name}": sum(r.summary[f"{name}_s"] for r in results.values())
+      for name in ("decode", "env", "host")
+  }
+  slots = sum(r.summary["decode_steps"] * len(r.episodes) for r in results.values())
+  sampled = sum(r.summary["generated_tokens"] for r in results.values())
+  out["perf/decode_row_use"] = sampled / max(slots, 1)
+  return out
+
+
+def batch_metrics(batch: RolloutBatch) -> Dict[str, float]:
+  """Lengths and size of the (host) training batch."""
+  response = batch.loss_mask_BxT.sum(axis=1)
+  return {
+      "response_length/mean": float(response.mean()),
+      "prompt_length/mean": float(batch.attention_mask_BxT.sum(1).mean() - response.mean()),
+      "train/batch_size": float(batch.tokens_BxT.shape[0]),
+      "train/seq_len": float(batch.tokens_BxT.shape[1]),
+  }
