@@ -17,7 +17,11 @@ Terms (bytes per device, the mesh dividing what it shards):
                (~(10D + 3F + 3·H·Dh) per token per layer, a coarse count of what the backward pass
                keeps), plus the log-prob pass's [U, T, vocab_chunk] float32 logits chunk
 It is an estimate for choosing micro_batches, remat and the mesh, not an allocator's ledger:
-XLA's fusion and temporaries add ~10-30%.
+XLA's fusion and temporaries add ~10-30%. Not counted: the decode loop's own copy of the layer
+weights in the compute dtype (`Decoder.layer_weights`), live during a rollout only, when the
+activations are not. The total sums terms never all live at once, so it covers that copy where
+the activations are the larger (the 3B and 4B variants: 5.2 and 6.8 GiB bf16 against 6.7 and
+7.9); the 7B and 8B variants' rollouts peak 2.8 and 1.5 GiB above their printed totals.
 """
 
 from typing import Dict
