@@ -129,7 +129,12 @@ def test_system_and_turn_prompts_are_ragens_text():
       "Max response length: 120 words (tokens).\n"
   )
   compact = prompts.system_prompt(
-      env.instruction("grid"), env.grid_vocab, env.action_names, 10, rule=prompts.output_rule(False)
+      env.instruction("grid"),
+      env.grid_vocab,
+      env.action_names,
+      10,
+      enable_think=False,
+      style="compact",
   )
   assert compact == system + (
       "Always output: <answer>...</answer> with no extra text. Strictly follow this format. "

@@ -225,9 +225,9 @@ class Rollout:
         names,
         c.max_actions_per_traj,
         c.action_sep,
-        rule=prompts.output_rule(c.enable_think, c.max_tokens_hint)
-        if c.prompt_style == "compact"
-        else "",
+        c.enable_think,
+        c.max_tokens_hint,
+        c.prompt_style,
     )
     return Episode(
         seed,

@@ -47,10 +47,13 @@ def system_prompt(
     action_names: Optional[Sequence[str]],
     max_actions_per_traj: int,
     action_sep: str = "||",
-    rule: str = "",
+    enable_think: bool = True,
+    max_tokens_hint: int = 100,
+    style: str = "ragen",
 ) -> str:
-  """System message: instruction, symbol legend, action names (none for free-text answers),
-  the action budget, then `rule` (the compact style's output rule)."""
+  """System message in a PROMPT_STYLES style: instruction, symbol legend, action names (none for
+  free-text answers), the action budget, and in the compact style the output rule (RAGEN's
+  style puts it at the end of every user turn instead)."""
   text = "You're a helpful assistant. " + instruction
   if grid_vocab:
     text += "\nThe meaning of each symbol in the state is:\n" + ", ".join(
@@ -62,7 +65,7 @@ def system_prompt(
       f"\nYou can make up to {max_actions_per_traj} actions, separated by the action "
       f'separator " {action_sep} "\n'
   )
-  return text + rule
+  return text + (output_rule(enable_think, max_tokens_hint) if style == "compact" else "")
 
 
 def turn_prompt(
