@@ -164,11 +164,11 @@ def _decode(
   logprobs_BxN = jnp.zeros((b, n), jnp.float32).at[:, 0].set(jnp.where(active_B, logp_B, 0.0))
   done_B = ~active_B | _stopped(tokens_BxN, 0, token_B, stop_token_ids, stop_sequences)
   full_cache = cache
-  weights = model.decoder.layer_weights()  # once: sliced inside the loop, copied every step
   window = cache.capacity if window is None else window
   state = DecodeState(
       step=jnp.int32(1),
-      cache=cache.per_layer(window),
+      # The weights once, here: sliced out of the stack inside the loop, copied every step.
+      cache=cache.per_layer(window, model.decoder.layer_weights()),
       last_B=token_B,
       done_B=done_B,
       tokens_BxN=tokens_BxN,
@@ -183,9 +183,7 @@ def _decode(
   def body(s: DecodeState):
     # Stopped rows feed a padding step (mask 0): a hole in the cache, invisible to attention.
     live_B = ~s.done_B
-    logits_Bx1xV, cache = model(
-        s.last_B[:, None], live_B[:, None], cache=s.cache, layer_weights=weights
-    )
+    logits_Bx1xV, cache = model(s.last_B[:, None], live_B[:, None], cache=s.cache)
     logits_BxV = logits_Bx1xV[:, 0]
     key, sub = jax.random.split(s.key)
     token_B, logp_B = _sample(logits_BxV, sub, temperature=temperature, top_k=top_k, top_p=top_p)

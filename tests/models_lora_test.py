@@ -86,7 +86,9 @@ def test_adapters_equal_merged_weights_in_forward_prefill_and_decode():
   # (LayerCache): the sampler's two passes.
   cache = models.init_cache(adapted.config, 2, 8)
   prefill_BxTxV, cache = adapted(IDS_BxT[:, :-1], MASK_BxT[:, :-1], cache=cache)
-  step_Bx1xV, _ = adapted(IDS_BxT[:, -1:], MASK_BxT[:, -1:], cache=cache.per_layer(8))
+  step_Bx1xV, _ = adapted(
+      IDS_BxT[:, -1:], MASK_BxT[:, -1:], cache=cache.per_layer(8, adapted.decoder.layer_weights())
+  )
   real = MASK_BxT.astype(bool)
   np.testing.assert_allclose(
       np.asarray(prefill_BxTxV)[real[:, :-1]], expected_BxTxV[:, :-1][real[:, :-1]], atol=1e-5

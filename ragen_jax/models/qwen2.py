@@ -20,7 +20,7 @@ Parameters carry logical axis names (`out_sharding` metadata, read them with
 import functools
 import itertools
 import math
-from typing import Tuple
+from typing import Dict, Tuple
 
 from flax import struct
 from flax import nnx
@@ -59,30 +59,34 @@ class KVCache:
   def capacity(self) -> int:
     return self.mask_BxS.shape[1]
 
-  def per_layer(self, window: int) -> "LayerCache":
-    """The first `window` slots as one array per layer (the rest must stay empty meanwhile)."""
+  def per_layer(self, window: int, weights: Tuple[Dict[str, jax.Array], ...]) -> "LayerCache":
+    """The first `window` slots as one array per layer (the rest must stay empty meanwhile),
+    beside `weights`, the decoder's `layer_weights()`."""
     split = lambda a: tuple(a[layer, :, :, :window] for layer in range(a.shape[0]))
     return LayerCache(
         split(self.k_LxBxKxSxDh),
         split(self.v_LxBxKxSxDh),
         self.mask_BxS[:, :window],
         self.end_index,
+        weights,
     )
 
 
 @struct.dataclass
 class LayerCache:
-  """A KVCache (or its first slots) held as one [B, K, S, Dh] array per layer.
+  """A KVCache (or its first slots) held as one [B, K, S, Dh] array per layer, with each
+  layer's weights.
 
   What a decode loop carries: each step updates a layer's buffer in place and reads it whole,
   where slicing a layer out of one stacked buffer would copy it every step, and the attention
-  costs the window, not the whole capacity.
+  costs the window, not the whole capacity. The weights likewise (`Decoder.layer_weights`).
   """
 
   k_layers: Tuple[jax.Array, ...]  # L arrays of [B, K, S, Dh]
   v_layers: Tuple[jax.Array, ...]
   mask_BxS: jax.Array
   end_index: jax.Array
+  weights: Tuple[Dict[str, jax.Array], ...]  # L dicts of one layer's parameters
 
   @property
   def capacity(self) -> int:
@@ -280,15 +284,13 @@ class Decoder(nnx.Module):
       *,
       positions_BxT=None,
       cache: KVCache | LayerCache | None = None,
-      layer_weights: tuple[dict[str, jax.Array], ...] | None = None,
   ):
     """(hidden_BxTxD, the updated cache or None).
 
     Without a cache the T tokens attend causally to each other through `model.attention`'s
     kernel; with one they are written at its end_index and attend over its slots. A KVCache
     runs the layers under `lax.scan`; a LayerCache (a decode loop's) unrolls them, so each
-    layer updates its own buffer in place, with `layer_weights` (from `layer_weights()`, taken
-    once outside the loop) or, when None, the layers sliced out of the stack here.
+    layer updates its own buffer in place with the weights the cache carries.
     """
     c = self.config
     b, t = input_ids_BxT.shape
@@ -315,14 +317,18 @@ class Decoder(nnx.Module):
     x_BxTxD = jnp.take(self.embedding[...], input_ids_BxT, axis=0, mode="clip").astype(c.dtype)
 
     if isinstance(cache, LayerCache):
-      weights = self.layer_weights() if layer_weights is None else layer_weights
       k_layers, v_layers = list(cache.k_layers), list(cache.v_layers)
       for layer in range(c.num_layers):
         attend = _cached_attend(c, k_layers[layer], v_layers[layer], end, mask_BxTxS)
         x_BxTxD, (k_layers[layer], v_layers[layer]) = _decoder_layer(
-            c, weights[layer], x_BxTxD, positions_BxT, attend
+            c, cache.weights[layer], x_BxTxD, positions_BxT, attend
         )
-      new_cache = LayerCache(tuple(k_layers), tuple(v_layers), key_mask_BxS, end + t)
+      new_cache = cache.replace(
+          k_layers=tuple(k_layers),
+          v_layers=tuple(v_layers),
+          mask_BxS=key_mask_BxS,
+          end_index=end + t,
+      )
     else:
       implementation = attention.resolve(c.attention, c.dtype, c.head_dim)
 
@@ -344,12 +350,12 @@ class Decoder(nnx.Module):
       new_cache = None if cache is None else KVCache(*new_kv, key_mask_BxS, end + t)
     return ops.rms_norm(x_BxTxD, self.final_norm[...], c.rms_norm_eps), new_cache
 
-  def layer_weights(self) -> tuple[dict[str, jax.Array], ...]:
-    """Each layer's parameters as arrays of their own, in the compute dtype: a decode loop's.
+  def layer_weights(self) -> Tuple[Dict[str, jax.Array], ...]:
+    """Each layer's parameters as arrays of their own, in the compute dtype: a LayerCache's.
 
     A decode loop takes these once, before it starts. Sliced (and cast) out of the stack inside
-    the loop, every weight was copied every step: XLA does not hoist the slices, since hoisted
-    they hold a second copy of the weights. On an H200 that copy was most of a decode step's
+    the loop, every weight was copied every step: XLA did not hoist the slices (hoisted, they
+    would hold a second copy of the weights). On an H200 that copy was most of a decode step's
     memory traffic (BENCHMARKS.md). The price is that second copy, in the compute dtype, while
     the loop runs.
     """
@@ -380,15 +386,7 @@ class Qwen2(nnx.Module):
       return self.decoder.embedding[...].T
     return self.lm_head[...]
 
-  def backbone(
-      self,
-      input_ids_BxT,
-      attention_mask=None,
-      *,
-      positions_BxT=None,
-      cache=None,
-      layer_weights=None,
-  ):
+  def backbone(self, input_ids_BxT, attention_mask=None, *, positions_BxT=None, cache=None):
     """Final-normed hidden states, for vocabulary-chunked log-probs.
 
     Args:
@@ -398,28 +396,13 @@ class Qwen2(nnx.Module):
       positions_BxT: RoPE positions; default derived from the mask (and the
         cache's valid slots).
       cache: optional KVCache; the T tokens are written at its end_index.
-      layer_weights: with a LayerCache, the decoder's `layer_weights()` taken outside the loop.
 
     Returns:
       (hidden_BxTxD in config.dtype, the updated cache or None).
     """
-    return self.decoder(
-        input_ids_BxT,
-        attention_mask,
-        positions_BxT=positions_BxT,
-        cache=cache,
-        layer_weights=layer_weights,
-    )
+    return self.decoder(input_ids_BxT, attention_mask, positions_BxT=positions_BxT, cache=cache)
 
-  def __call__(
-      self,
-      input_ids_BxT,
-      attention_mask=None,
-      *,
-      positions_BxT=None,
-      cache=None,
-      layer_weights=None,
-  ):
+  def __call__(self, input_ids_BxT, attention_mask=None, *, positions_BxT=None, cache=None):
     """Logits of the next token at every position.
 
     Args: as for `backbone`.
@@ -428,11 +411,7 @@ class Qwen2(nnx.Module):
       float32 logits_BxTxV, or (logits_BxTxV, new_cache) when a cache is given.
     """
     hidden_BxTxD, new_cache = self.backbone(
-        input_ids_BxT,
-        attention_mask,
-        positions_BxT=positions_BxT,
-        cache=cache,
-        layer_weights=layer_weights,
+        input_ids_BxT, attention_mask, positions_BxT=positions_BxT, cache=cache
     )
     kernel_DxV = self.unembed_kernel().astype(self.config.dtype)
     logits_BxTxV = jnp.einsum(
