@@ -40,12 +40,10 @@ want kernels && step kernels python3 -m pytest -q -p no:cacheprovider -n 0 \
 want ceilings && step ceilings python3 experiments/bench/ceilings.py
 want decode && step decode python3 experiments/bench/sampling.py --preset qwen2.5-0.5b --dtype bfloat16 \
     --batches 32,64,128 --prompt 256 --new 128 --iters 3 --skip_rollout
-if want sizes; then
-  size qwen2.5-0.5b 2048 16 fwdbwd,actor,ppo
-fi
 want bound && step bound python3 experiments/bench/sampling.py --preset qwen2.5-0.5b \
     --dtype bfloat16 --batches 64,128,256 --prompt 256 --new 128 --iters 2 --skip_rollout --hbm_tbs 0
 if want sizes; then
+  size qwen2.5-0.5b 2048 16 fwdbwd,actor,ppo
   size qwen2.5-3b 2048 8 fwdbwd,actor
   size qwen2.5-0.5b 4096 8 fwdbwd,actor
   size qwen2.5-3b 4096 4 fwdbwd

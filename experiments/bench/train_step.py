@@ -190,7 +190,6 @@ def main():
   p.add_argument("--vocab_chunk", type=int, default=1024)
   p.add_argument("--steps", type=int, default=3)
   p.add_argument("--matmul_n", type=int, default=2048)
-  p.add_argument("--skip_ppo", action="store_true")
   p.add_argument("--preset", default=None, help="a models.PRESETS name; replaces the sizes above")
   p.add_argument(
       "--dtype",
@@ -209,8 +208,6 @@ def main():
   )
   args = p.parse_args()
   parts = set(args.parts.split(","))
-  if args.skip_ppo:
-    parts.discard("ppo")
 
   numerics = dict(dtype=jnp.dtype(args.dtype), remat=args.remat, attention=args.attention)
   if args.preset:

@@ -31,9 +31,9 @@ def join_batches(batches: List[RolloutBatch], pad_multiple: int, pad_id: int) ->
   length buckets are cut back to it), group ids offset so groups stay distinct."""
   width = max(max(_used_width(b) for b in batches), 1)
   width += -width % pad_multiple
+  pad = functools.partial(_left_pad, width=width)
   parts, offset = [], 0
   for b in batches:
-    pad = functools.partial(_left_pad, width=width)
     parts.append(
         dict(
             tokens_BxT=pad(b.tokens_BxT, pad_id),
