@@ -1,5 +1,8 @@
-"""Sudoku (RAGEN's `_8_sudoku`: place numbers by free-text actions, +1 per correct placement,
--0.1 for an invalid or conflicting one, +10 on completion) with PPO, on 4x4 boards.
+"""Sudoku (RAGEN's `_8_sudoku`: place numbers by free-text actions) with PPO, on 4x4 boards,
+under RAGEN's rewards: 1.0 for the placement that completes the board, 0.0 for every other step
+(`reward_scheme="ragen"`). `--config.envs.sudoku.options.reward_scheme=dense` plays this
+repository's shaping instead: +1 per correct placement, -0.1 for any other answer, +10 on
+completion (ragen_jax/envs/sudoku.py).
 
   python launch.py --config=configs/sudoku_ppo.py[:smoke]
   python launch.py --config=configs/sudoku_ppo.py --config.envs.sudoku.options.size=9
@@ -18,7 +21,10 @@ def get_config(arg=None):
       arg,
       envs=dict(
           sudoku=cs.env(
-              "sudoku", train_groups=8, val_groups=64, options=dict(max_actions_per_turn=2)
+              "sudoku",
+              train_groups=8,
+              val_groups=64,
+              options=dict(max_actions_per_turn=2, reward_scheme="ragen"),
           )
       ),  # CPU: RAGEN 8 / 256
       # CPU: RAGEN 3600 tokens; a 4x4 board with its hints is ~200 tokens a turn here.

@@ -18,9 +18,13 @@ def get_config(arg=None):
       envs=dict(  # CPU: RAGEN 8 / 256 groups each
           countdown=cs.env("countdown", train_groups=4, val_groups=32),
           math=cs.env("math", train_groups=4, val_groups=32),
-          # Two placements a turn: the solver's replies then fit 64 tokens.
+          # Two placements a turn: the solver's replies then fit 64 tokens. RAGEN's rewards: 1.0
+          # for completing the board, 0.0 otherwise (ragen_jax/envs/sudoku.py).
           sudoku=cs.env(
-              "sudoku", train_groups=4, val_groups=32, options=dict(max_actions_per_turn=2)
+              "sudoku",
+              train_groups=4,
+              val_groups=32,
+              options=dict(max_actions_per_turn=2, reward_scheme="ragen"),
           ),
       ),
       # CPU: RAGEN 3600 tokens; a 4x4 board with its hints is ~200 tokens a turn here.

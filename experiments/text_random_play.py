@@ -1,12 +1,13 @@
 """Random play on RAGEN's text environments: the floor a trained policy is measured against.
 
-  python -m experiments.text_random_play [--levels 64] [--seed 123] [--plays 20]
+  python -m experiments.text_random_play [--levels 64] [--seed 123] [--plays 20] \
+      [--sudoku_rewards ragen|dense]
 
 Plays the validation levels (seeds `seed .. seed + levels - 1`, the configs' `seed.val`) with a
 uniformly random answer of the right form: Countdown, the given numbers in a random order joined
 by random operators (no parentheses); math, a random whole number from 0 to 100 per attempt;
 Sudoku (4x4), a random number in a random empty cell per placement, as many placements as the
-config's budget (5 turns of 2).
+config's budget (5 turns of 2), under RAGEN's rewards or the dense scheme (`--sudoku_rewards`).
 Prints each environment's success rate and mean return over `plays` plays of every level.
 """
 
@@ -59,11 +60,16 @@ def main():
   parser.add_argument("--levels", type=int, default=64)
   parser.add_argument("--seed", type=int, default=123)
   parser.add_argument("--plays", type=int, default=20)
+  parser.add_argument("--sudoku_rewards", choices=("ragen", "dense"), default="ragen")
   args = parser.parse_args()
   games = {
       "countdown": (Countdown(), countdown_answer, 1),
       "math": (MathEnv(), lambda env, rng: str(rng.randint(0, 100)), 3),
-      "sudoku": (Sudoku(size=4, max_actions_per_turn=2), sudoku_answer, 10),
+      "sudoku": (
+          Sudoku(size=4, max_actions_per_turn=2, reward_scheme=args.sudoku_rewards),
+          sudoku_answer,
+          10,
+      ),
   }
   for name, (env, answer, turns) in games.items():
     success, mean_return = play(env, answer, args.levels, args.seed, args.plays, turns)

@@ -1,4 +1,5 @@
-"""Sudoku: hand-worked rewards, unique generated boards, the expert, parsing and rendering."""
+"""Sudoku: RAGEN's step rules case by case and against a reference, the dense scheme's
+hand-worked rewards, unique generated boards, the expert, parsing and rendering."""
 
 import itertools
 
@@ -82,8 +83,8 @@ def test_independent_checkers():
   assert _completions(_board(PUZZLE)) == [SOLUTION]
 
 
-def test_fixed_board_solution_and_hand_worked_rewards():
-  env = _env()
+def test_fixed_board_solution_and_hand_worked_dense_rewards():
+  env = _env(reward_scheme="dense")
   assert env.solution == SOLUTION
   assert env.puzzle == _board(PUZZLE)
   start = [list(row) for row in env.board]
@@ -130,11 +131,90 @@ def test_fixed_board_solution_and_hand_worked_rewards():
   assert (reward, done, info["outcome"], info["success"]) == (0.0, True, "finished", True)
 
 
-def test_filled_by_placement_is_filled():
-  env = _env()
+def test_dense_filled_by_placement_is_filled():
+  env = _env(reward_scheme="dense")
   assert env.step("1,2,2")[1] == 1.0
   _, reward, _, info = env.step("1,2,2")  # the same correct number again
   assert (reward, info["outcome"]) == (-0.1, "filled")
+
+
+def _ragen_step(board, puzzle, move, steps, max_steps):
+  """RAGEN's SudokuEnv.step (mll-lab-nu/RAGEN 0ce743d, ragen/env/sudoku/env.py) as its code
+  reads, on the 1-based (row, col, value) our parser read (None: unparseable), after `steps`
+  steps counting this one. Returns (board, reward, done, action_is_valid, action_is_effective,
+  success); the board is a new list when a number is written."""
+  n = len(board)
+  out_of_steps = max_steps is not None and steps >= max_steps
+  if move is None:
+    return board, 0.0, out_of_steps, False, False, False
+  r, c, v = move[0] - 1, move[1] - 1, move[2]
+  # _is_action_valid: in range, and not one of the initial board's numbers.
+  if not (0 <= r < n and 0 <= c < n and 1 <= v <= n) or puzzle[r][c] != 0:
+    return board, 0.0, out_of_steps, False, False, False
+  # _is_valid_move on the current board: the row, column and box, the cell itself included.
+  side = int(round(n**0.5))
+  br, bc = r // side * side, c // side * side
+  box = [board[i][j] for i in range(br, br + side) for j in range(bc, bc + side)]
+  if v in board[r] or v in [row[c] for row in board] or v in box:
+    return board, 0.0, out_of_steps, True, False, False
+  board = [list(row) for row in board]
+  board[r][c] = v
+  if all(all(row) for row in board) and _valid_grid(board):
+    return board, 1.0, True, True, True, True
+  return board, 0.0, out_of_steps, True, True, False
+
+
+def test_ragen_rules_case_by_case():
+  env = _env()
+  assert env.reward_scheme == "ragen"
+  start = [list(row) for row in env.board]
+  # (answer, outcome, action_is_valid, (row, col, number) written or None); each pays 0.
+  cases = [
+      ("put 2 in r1c2", "unparseable", False, None),
+      ("5,1,1", "out_of_range", False, None),
+      ("1,2,0", "out_of_range", False, None),
+      ("place 2 at row 1 col 1", "filled", False, None),  # a given: refused as invalid
+      ("2,3,1", "filled", False, None),  # a given holding that very number
+      ("1,2,3", "conflict", True, None),  # row 1 (and box 1) has 3
+      ("place 1 at row 4 col 2", "conflict", True, None),  # column 2 has 1 (r3c2)
+      ("1,2,4", "wrong", True, (0, 1, 4)),  # conflicts with nothing: written, though not 2
+      ("1,4,4", "conflict", True, None),  # the solution's 4, refused: row 1 now holds a 4
+      ("1,2,4", "conflict", True, None),  # the cell's own number counts
+      ("place 2 at row 1 col 2", "correct", True, (0, 1, 2)),  # a placed number is replaced
+  ]
+  board = start
+  for action, outcome, valid, written in cases:
+    obs, reward, done, info = env.step(action)
+    assert (reward, done, info["outcome"]) == (0.0, False, outcome), action
+    assert (info["action_is_valid"], info["action_is_effective"]) == (valid, bool(written))
+    if written:
+      board = [list(row) for row in board]
+      board[written[0]][written[1]] = written[2]
+    assert env.board == board, action
+    assert obs == sudoku.render(board) and not info["success"]
+  # The other empty cells, right numbers: 0 each, and 1.0 on the one that completes the board.
+  rest = [(r, c) for r, c in EMPTY if (r, c) != (0, 1)]
+  rewards = []
+  for r, c in rest:
+    _, reward, done, info = env.step(f"{r + 1},{c + 1},{SOLUTION[r][c]}")
+    rewards.append(reward)
+    assert done == info["success"] == ((r, c) == rest[-1])
+  assert rewards == [0.0] * (len(rest) - 1) + [1.0] and env.board == SOLUTION
+  _, reward, done, info = env.step("1,2,2")
+  assert (reward, done, info["outcome"]) == (0.0, True, "finished")
+
+
+def test_ragen_max_steps_ends_the_episode_whatever_the_step():
+  env = _env(max_steps=3)
+  assert env.step("1,2,4")[1:3] == (0.0, False)  # written, wrong
+  assert env.step("nonsense")[1:3] == (0.0, False)
+  _, reward, done, info = env.step("1,2,3")  # refused, and the last step
+  assert (reward, done, info["success"]) == (0.0, True, False)
+  # The step that completes the board pays 1.0 also when it is the last one allowed.
+  env = _env(max_steps=len(EMPTY))
+  for r, c in EMPTY:
+    _, reward, done, _ = env.step(f"{r + 1},{c + 1},{SOLUTION[r][c]}")
+  assert (reward, done) == (1.0, True)
 
 
 @pytest.mark.parametrize(
@@ -160,7 +240,7 @@ def test_both_syntaxes_parse(answer):
   assert sudoku.parse_action(answer) == (1, 2, 2)
   env = _env()
   _, reward, _, info = env.step(answer)
-  assert (reward, info["outcome"]) == (1.0, "correct")
+  assert (reward, info["outcome"], info["action_is_effective"]) == (0.0, "correct", True)
   assert env.board[0][1] == 2
 
 
@@ -207,7 +287,7 @@ def test_generated_4x4_is_unique_and_expert_solves_it(seed):
       if done:
         break
   assert info["success"] and env.board == env.solution
-  assert rewards == [1.0] * (len(rewards) - 1) + [11.0]
+  assert rewards == [0.0] * (len(rewards) - 1) + [1.0]  # RAGEN's: only the completion pays
   assert len(rewards) == 16 - 8
   assert turns == -(-len(rewards) // env.max_actions_per_turn)
   assert env.expert() == (None, "The board is complete.")
@@ -234,7 +314,7 @@ def test_4x4_givens_option(givens):
 
 @pytest.mark.parametrize("givens", [None, 30])
 def test_generated_9x9_is_unique(givens):
-  env = sudoku.Sudoku(size=9, givens=givens)
+  env = sudoku.Sudoku(size=9, givens=givens, reward_scheme="dense")
   want = 36 if givens is None else givens
   for seed in range(4):
     env.reset(seed)
@@ -271,6 +351,8 @@ def test_options_are_checked():
     sudoku.Sudoku(size=9, givens=82)
   with pytest.raises(ValueError):
     sudoku.Sudoku(hints="some")
+  with pytest.raises(ValueError, match="reward_scheme"):
+    sudoku.Sudoku(reward_scheme="sparse")
   with pytest.raises(ValueError):
     _env().load("1..4\n..1.\n.1..\n4..1")  # two solutions
   assert sudoku.Sudoku().hints == "all" and sudoku.Sudoku(size=9).hints == "summary"
@@ -342,6 +424,9 @@ def test_instruction_has_rules_and_examples():
   assert "<answer>place 3 at row 1 col 2</answer>" in text and "<answer>1,2,3</answer>" in text
   assert "2x2 box" in text and "up to 3" in text
   assert "3x3 box" in sudoku.Sudoku(size=9, max_actions_per_turn=2).instruction
+  assert "Completing the board correctly earns 1" in text and "costs" not in text
+  dense = sudoku.Sudoku(reward_scheme="dense").instruction
+  assert "A correct number earns 1" in dense and "costs 0.1" in dense
   assert sudoku.Sudoku().action_names is None
 
 
@@ -381,8 +466,8 @@ _ACTIONS = st.one_of(
 
 @hypothesis.settings(max_examples=150, deadline=None)
 @hypothesis.given(seed=st.integers(0, 10**6), actions=st.lists(_ACTIONS, max_size=12))
-def test_arbitrary_text_never_raises_or_corrupts(seed, actions):
-  env = sudoku.Sudoku()
+def test_arbitrary_text_never_raises_or_corrupts_dense(seed, actions):
+  env = sudoku.Sudoku(reward_scheme="dense")
   env.reset(seed)
   for action in actions:
     before = [list(row) for row in env.board]
@@ -398,3 +483,28 @@ def test_arbitrary_text_never_raises_or_corrupts(seed, actions):
       assert reward == (0.0 if info["outcome"] == "finished" else -0.1)
     assert obs == env.render()
     assert done == info["success"] == (env.board == env.solution)
+
+
+@hypothesis.settings(max_examples=200, deadline=None)
+@hypothesis.given(
+    seed=st.integers(0, 10**6),
+    # An integer k: the solution's number at cell k (a given, an empty or a placed cell), so
+    # that many examples complete the board.
+    actions=st.lists(st.one_of(_ACTIONS, st.integers(0, 15)), max_size=20),
+    max_steps=st.one_of(st.none(), st.integers(1, 20)),
+)
+def test_ragen_rules_equal_the_reference_step(seed, actions, max_steps):
+  env = sudoku.Sudoku(max_steps=max_steps)
+  env.reset(seed)
+  board = [list(row) for row in env.puzzle]
+  for steps, action in enumerate(actions, 1):
+    if isinstance(action, int):
+      r, c = divmod(action, 4)
+      action = sudoku.format_action(r + 1, c + 1, env.solution[r][c])
+    obs, reward, done, info = env.step(action)
+    board, *want = _ragen_step(board, env.puzzle, sudoku.parse_action(action), steps, max_steps)
+    got = [reward, done, info["action_is_valid"], info["action_is_effective"], info["success"]]
+    assert got == want, action
+    assert env.board == board and obs == env.render()
+    if done:
+      break

@@ -23,19 +23,28 @@ Actions (`parse_action`; case and extra spaces ignored, the whole answer must ma
     R,C,V                       optionally in ( ) or [ ]; spaces around the commas are fine
 R, C and V are 1-based whole numbers written in ASCII digits; a trailing "." is ignored.
 
-Rewards (RAGEN's): +1 for a correct placement (V is the unique solution's number at the empty
-cell R, C), and +10 more on the placement that completes the board (done, success). Anything
-else costs -0.1 and leaves the board unchanged: unparseable text, a number out of range, a
-filled cell (given or placed), a number already in the row, column or box, and a number that
-conflicts with nothing yet but is not the solution's (this module's choice, as the reference
-notes say nothing of it: with a unique solution it is wrong, and keeping it would only leave a
-board that cannot be completed). Only correct numbers are ever
-written, so the board never holds a conflict. `max_steps` (optional) ends an unsolved episode
-after that many steps.
+Rewards, by `reward_scheme`:
+  "ragen" (the default; RAGEN's `ragen/env/sudoku/env.py`): every step pays 0.0 except the one
+      that completes the board correctly, which pays 1.0 and ends the episode. An unparseable
+      answer, a number out of range or a given cell is refused (not a valid action); a number
+      already in the cell's row, column or box (the cell's own number included) is refused too;
+      any other number is written, whether or not it is the solution's, also over a number
+      placed earlier. So the board never holds a repeat, and a complete board is the solution.
+  "dense" (this module's shaping, not RAGEN's): +1 for a correct placement (V is the unique
+      solution's number at the empty cell R, C), and +10 more on the placement that completes
+      the board (done, success). Anything else costs -0.1 and leaves the board unchanged:
+      unparseable text, a number out of range, a filled cell (given or placed), a number
+      already in the row, column or box, and a number that conflicts with nothing yet but is
+      not the solution's (with a unique solution it is wrong; keeping it would only leave a
+      board that cannot be completed). Only correct numbers are ever written.
+The answer syntax (`parse_action`) is this module's under both; RAGEN's own parser is looser
+(it also reads "R C V", and any text with the words "row" and "col" followed by numbers).
+`max_steps` (optional) ends an unsolved episode after that many steps (RAGEN always has one).
 
 info: `success` (the board is complete), `action_is_valid` (the answer parsed into numbers in
-range: a well-formed move, whether or not it is right), `action_is_effective` (the board
-changed, i.e. a correct placement) and `outcome`, one of OUTCOMES.
+range, and under "ragen" names no given cell: a well-formed move, whether or not it is right),
+`action_is_effective` (the board changed: a correct placement, or under "ragen" any number
+written) and `outcome`, one of OUTCOMES.
 
 The observation is the board alone (`render`), so an answer that changes nothing leaves it
 identical (the rollout's unchanged-state check):
@@ -65,19 +74,21 @@ from ragen_jax.envs import text
 Board = List[List[int]]  # rows of numbers, 0 = empty
 Cell = Tuple[int, int]  # (row, col), 0-based
 
-CORRECT_REWARD = 1.0
-COMPLETION_BONUS = 10.0
-INVALID_REWARD = -0.1
+REWARD_SCHEMES = ("ragen", "dense")
+SOLVED_REWARD = 1.0  # "ragen": the step that completes the board; every other step pays 0
+CORRECT_REWARD = 1.0  # "dense": per correct placement
+COMPLETION_BONUS = 10.0  # "dense": more on the placement that completes the board
+INVALID_REWARD = -0.1  # "dense": any other answer
 DEFAULT_GIVENS = {4: 8, 9: 36}
 MIN_GIVENS = {4: 4, 9: 17}  # fewer never has a unique solution
 HINTS = ("all", "summary", "none")
 OUTCOMES = (
-    "correct",  # placed (+1, and +10 more when it completes the board)
+    "correct",  # the solution's number, written
     "unparseable",
     "out_of_range",
-    "filled",  # the cell already holds a number
+    "filled",  # the cell holds a number ("ragen": a given; a placed number may be overwritten)
     "conflict",  # the number is already in the cell's row, column or box
-    "wrong",  # conflicts with nothing yet, but is not the solution's number there
+    "wrong",  # conflicts with nothing, but is not the solution's number ("ragen": written)
     "finished",  # stepped after the episode ended: 0 reward, nothing changes
 )
 _MAX_GRIDS = 50
@@ -154,6 +165,14 @@ def candidates(board: Board) -> Dict[Cell, List[int]]:
         taken |= {board[r0 + i][c0 + j] for i in range(side) for j in range(side)}
         out[(r, c)] = [v for v in range(1, n + 1) if v not in taken]
   return out
+
+
+def _repeats(board: Board, row: int, col: int, value: int) -> bool:
+  """Whether `value` is already in the row, column or box of (row, col), that cell included."""
+  n, side = len(board), box_side(len(board))
+  r0, c0 = row - row % side, col - col % side
+  box = [board[r0 + i][c0 + j] for i in range(side) for j in range(side)]
+  return value in board[row] or value in [board[r][col] for r in range(n)] or value in box
 
 
 def conflicts(board: Board) -> List[str]:
@@ -300,8 +319,21 @@ def render(board: Board, hints: str = "all") -> str:
   return "\n".join(lines)
 
 
-def instruction_text(size: int, max_actions_per_turn: int) -> str:
+def instruction_text(size: int, max_actions_per_turn: int, reward_scheme: str = "ragen") -> str:
   side = box_side(size)
+  if reward_scheme == "ragen":
+    rewards = (
+        "Completing the board correctly earns 1 and ends the game; nothing else earns anything. "
+        "A given cell, a number already in the row, column or box, or an answer in another "
+        "form changes nothing; any other number is written, and a number you placed may be "
+        "replaced. "
+    )
+  else:
+    rewards = (
+        "A correct number earns 1 and completing the board 10 more; a filled cell, a number "
+        "already in the row, column or box, a number that is not the solution's, or an answer "
+        "in another form costs 0.1 and changes nothing. "
+    )
   return (
       f"You are solving a {size}x{size} Sudoku. Fill every empty cell (shown as '.') with a "
       f"number from 1 to {size} so that every row, every column and every {side}x{side} box "
@@ -309,10 +341,9 @@ def instruction_text(size: int, max_actions_per_turn: int) -> str:
       f"...) and columns 1 to {size} from the left. Place a number as 'place V at row R col C' "
       "or as 'R,C,V': both <answer>place 3 at row 1 col 2</answer> and <answer>1,2,3</answer> "
       f"put 3 in row 1, column 2. You may place up to {max_actions_per_turn} numbers per turn. "
-      "A correct number earns 1 and completing the board 10 more; a filled cell, a number "
-      "already in the row, column or box, a number that is not the solution's, or an answer "
-      "in another form costs 0.1 and changes nothing. Below the board, each empty cell lists "
-      "the numbers its row, column and box still allow."
+      + rewards
+      + "Below the board, each empty cell lists the numbers its row, column and box still "
+      "allow."
   )
 
 
@@ -328,11 +359,13 @@ class Sudoku(text.TextEnv):
       max_actions_per_turn: PositiveInt = 3,
       max_steps: Optional[int] = None,
       hints: Optional[str] = None,
+      reward_scheme: str = "ragen",
   ):
     """size: 4 or 9. givens: numbers shown at the start (None: DEFAULT_GIVENS, 8 of 16 on a
     4x4, 36 of 81 on a 9x9). max_actions_per_turn: placements stepped per turn. max_steps:
     steps before an unsolved episode ends (None: no limit but the rollout's action budget).
-    hints: "all", "summary" or "none" (None: "all" for 4x4, "summary" for 9x9)."""
+    hints: "all", "summary" or "none" (None: "all" for 4x4, "summary" for 9x9).
+    reward_scheme: "ragen" (RAGEN's rules) or "dense" (per-placement rewards; module doc)."""
     box_side(size)
     self.size = size
     self.givens = DEFAULT_GIVENS[size] if givens is None else givens
@@ -344,7 +377,10 @@ class Sudoku(text.TextEnv):
     self.hints = hints or ("all" if size == 4 else "summary")
     if self.hints not in HINTS:
       raise ValueError(f"hints must be one of {HINTS}, got {hints!r}")
-    self.instruction = instruction_text(size, max_actions_per_turn)
+    if reward_scheme not in REWARD_SCHEMES:
+      raise ValueError(f"reward_scheme must be one of {REWARD_SCHEMES}, got {reward_scheme!r}")
+    self.reward_scheme = reward_scheme
+    self.instruction = instruction_text(size, max_actions_per_turn, reward_scheme)
     self.puzzle: Board = []
     self.solution: Board = []
     self.board: Board = []
@@ -392,10 +428,17 @@ class Sudoku(text.TextEnv):
     if not (1 <= row <= n and 1 <= col <= n and 1 <= value <= n):
       return "out_of_range", None, 0
     r, c = row - 1, col - 1
-    if self.board[r][c]:
-      return "filled", (r, c), value
-    if value not in candidates(self.board)[(r, c)]:
-      return "conflict", (r, c), value
+    if self.reward_scheme == "ragen":
+      # RAGEN refuses only the givens; the repeat check reads the cell's own number too.
+      if self.puzzle[r][c]:
+        return "filled", (r, c), value
+      if _repeats(self.board, r, c, value):
+        return "conflict", (r, c), value
+    else:
+      if self.board[r][c]:
+        return "filled", (r, c), value
+      if value not in candidates(self.board)[(r, c)]:
+        return "conflict", (r, c), value
     if value != self.solution[r][c]:
       return "wrong", (r, c), value
     return "correct", (r, c), value
@@ -406,17 +449,26 @@ class Sudoku(text.TextEnv):
       return self.render(), 0.0, True, {**info, "outcome": "finished"}
     outcome, cell, value = self._judge(str(action))
     self.steps += 1
-    reward = INVALID_REWARD
-    if outcome == "correct":
+    ragen = self.reward_scheme == "ragen"
+    written = outcome == "correct" or (ragen and outcome == "wrong")
+    if written:
       self.board[cell[0]][cell[1]] = value
-      reward = CORRECT_REWARD + (COMPLETION_BONUS if self.solved() else 0.0)
+    # Nothing written ever repeats a number, so a complete board is a valid grid holding the
+    # givens: the unique solution (RAGEN checks "complete and correct").
     success = self.solved()
+    if ragen:
+      reward = SOLVED_REWARD if success else 0.0
+    elif outcome == "correct":
+      reward = CORRECT_REWARD + (COMPLETION_BONUS if success else 0.0)
+    else:
+      reward = INVALID_REWARD
     out_of_steps = self.max_steps is not None and self.steps >= self.max_steps
     self.done = success or out_of_steps
+    refused = ("unparseable", "out_of_range") + (("filled",) if ragen else ())
     info = {
         "success": success,
-        "action_is_valid": outcome not in ("unparseable", "out_of_range"),
-        "action_is_effective": outcome == "correct",
+        "action_is_valid": outcome not in refused,
+        "action_is_effective": written,
         "outcome": outcome,
     }
     return self.render(), reward, self.done, info
