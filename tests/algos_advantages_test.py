@@ -196,6 +196,32 @@ def test_outcome_estimators_broadcast_over_mask():
     algos.outcome_advantages(scores, ids, mask, "remax")
 
 
+@hypothesis.settings(max_examples=60, deadline=None)
+@hypothesis.given(
+    scores=hnp.arrays(np.float32, (8,), elements=st.sampled_from([-1.0, 0.0, 0.5, 1.0, 3.0])),
+    ids=hnp.arrays(np.int32, (8,), elements=st.integers(0, 3)),
+    valid=hnp.arrays(np.bool_, (8,)),
+    mask=hnp.arrays(np.int32, (8, 5), elements=st.integers(0, 1)),
+    estimator=st.sampled_from(["arpo", "brpo", "grpo", "drgrpo"]),
+)
+def test_outcome_estimators_with_valid_B_equal_the_call_on_the_kept_episodes(
+    scores, ids, valid, mask, estimator
+):
+  """valid_B (the train step's filter): the kept episodes get what the unfiltered call on them
+  alone gives (dropped ones enter no statistic), and the dropped ones get 0."""
+  adv, ret = algos.outcome_advantages(
+      jnp.asarray(scores), jnp.asarray(ids), jnp.asarray(mask), estimator, valid_B=valid
+  )
+  adv = np.asarray(adv)
+  np.testing.assert_array_equal(ret, adv)
+  np.testing.assert_array_equal(adv[~valid], 0.0)
+  if valid.any():
+    alone, _ = algos.outcome_advantages(
+        jnp.asarray(scores[valid]), jnp.asarray(ids[valid]), jnp.asarray(mask[valid]), estimator
+    )
+    np.testing.assert_allclose(adv[valid], alone, rtol=1e-5, atol=1e-6)
+
+
 def test_explained_variance():
   ret = jnp.array([[1.0, 2.0, 3.0, 9.0]])
   val = jnp.array([[1.0, 2.5, 2.0, -5.0]])

@@ -156,6 +156,83 @@ def test_jitted_step_gradient_equals_plain_loss_gradient():
   np.testing.assert_allclose(metrics["actor/grad_norm"], optax.tree.norm(g_actor), rtol=1e-3)
 
 
+def test_sampler_logprobs_value_clip_and_grad_clip_equal_a_plain_reference():
+  """recompute_old_logprobs=False (the sampler's log-probs are the old ones), a value clip and
+  a global-norm gradient clip that bind, through the configured AdamW over two minibatches,
+  against plain unjitted losses and optax's own clip and adamw.
+
+  The clip (1e-8) scales every gradient to |g| <= Adam's eps, where the first steps are smooth
+  in g (not Adam's sign-like steps): the comparison is well conditioned, and an unclipped
+  gradient would give steps of about the learning rate everywhere instead.
+  """
+  actor = models.create(MODEL, jax.random.key(0))
+  critic = models.critic_from_policy(actor)
+  lr, kappa, clip = 1e-2, 1e-3, 1e-8
+  cfg = algos.PPOConfig(
+      num_minibatches=2,
+      micro_batches=1,
+      shuffle=False,  # minibatches: episodes 0-3, then 4-7
+      entropy_coeff=0.0,
+      recompute_old_logprobs=False,
+      value_clip=kappa,
+      grad_clip=clip,
+      actor_lr=lr,
+      critic_lr=lr,
+      vocab_chunk=24,
+  )
+  batch = make_batch()
+  tokens, attn = batch.tokens_BxT, batch.attention_mask_BxT
+  m = np.asarray(batch.loss_mask_BxT, np.float32)
+  logp0, _ = full_logp_entropy(actor, tokens, attn)
+  # The sampler's log-probs: off by up to 0.3, so that ratios leave [0.8, 1.28] from the start.
+  noise = np.random.RandomState(4).uniform(-0.3, 0.3, m.shape).astype(np.float32)
+  sampler = jnp.asarray(np.asarray(logp0) + noise * m)
+  batch = batch.replace(logprobs_BxT=sampler)
+  state = algos.init_train_state(actor, critic, cfg, jax.random.key(1))
+  before = snapshot((state.actor_params, state.critic_params))
+  step = algos.make_train_step(actor, critic, cfg, compiler_options=FAST)
+  state, metrics = step(state, batch, jax.random.key(2))
+  after = snapshot((state.actor_params, state.critic_params))
+  assert float(metrics["train/num_updates"]) == 2.0
+  assert float(metrics["actor/pg_clipfrac"]) > 0 and float(metrics["critic/vf_clipfrac"]) > 0
+
+  a_graph, _, a_rest = nnx.split(actor, nnx.Param, ...)
+  c_graph, _, c_rest = nnx.split(critic, nnx.Param, ...)
+  params = jax.tree.map(jnp.asarray, before)
+  values = np.asarray(nnx.merge(c_graph, params[1], c_rest)(tokens, attn))
+  values = np.pad(values[:, :-1], ((0, 0), (1, 0))) * m
+  raw = ref_gae_raw(np.asarray(batch.token_rewards_BxT, np.float64), values, m)
+  valid = raw[m == 1]
+  adv = jnp.asarray((raw - valid.mean()) / np.sqrt(valid.var(ddof=1) + 1e-8), jnp.float32)
+  returns = jnp.asarray(raw + values, jnp.float32)
+  values = jnp.asarray(values, jnp.float32)
+
+  def actor_loss(p, h):
+    logp, _ = full_logp_entropy(nnx.merge(a_graph, p, a_rest), tokens, attn)
+    return algos.policy_loss(logp[h], sampler[h], adv[h], m[h])[0]
+
+  def critic_loss(p, h):
+    v = nnx.merge(c_graph, p, c_rest)(tokens, attn)
+    v = jnp.pad(v[:, :-1], ((0, 0), (1, 0)))
+    return algos.value_loss(v[h], values[h], returns[h], m[h], kappa)[0]
+
+  tx = optax.chain(optax.clip_by_global_norm(clip), optax.adamw(lr, eps=1e-8, weight_decay=0.01))
+  reference = []
+  for p, loss in zip(params, (actor_loss, critic_loss)):
+    opt = tx.init(p)
+    for h in (slice(0, 4), slice(4, 8)):  # old log-probs and values stay those of the start
+      updates, opt = tx.update(jax.grad(loss)(p, h), opt, p)
+      p = optax.apply_updates(p, updates)
+    reference.append(p)
+  for b0, b1, r in zip(before, after, reference):
+    flat_ref = [np.asarray(x1) - x0 for x0, x1 in zip(jax.tree.leaves(b0), jax.tree.leaves(r))]
+    flat_delta = [x1 - x0 for x0, x1 in zip(jax.tree.leaves(b0), jax.tree.leaves(b1))]
+    scale = max(np.abs(d).max() for d in flat_ref)
+    assert scale > 0.1 * lr
+    for dr, d in zip(flat_ref, flat_delta):
+      np.testing.assert_allclose(d, dr, rtol=1e-3, atol=1e-4 * scale)
+
+
 # ---------------------------------------------------------------- AdamW step, shared compile
 
 
@@ -356,23 +433,90 @@ def test_positive_advantages_only_equals_training_on_clipped_scores():
 
 
 def test_shared_value_head_trains_trunk_and_head():
+  """The shared head's value loss (times vf_coef) reaches the trunk: with a non-zero head the
+  step's update (SGD at rate 1: the delta is minus the gradient) equals the gradient of the
+  plain, unjitted policy loss plus vf_coef times the value loss, at vf_coef 0 and 1, and the
+  two trunk gradients differ."""
   actor = models.create(MODEL, jax.random.key(0))
-  cfg = algos.PPOConfig(
-      critic="shared",
-      num_minibatches=1,
-      micro_batches=1,
-      actor_lr=1e-3,
-      critic_lr=1e-2,
-      vocab_chunk=64,
-  )
-  state = algos.init_train_state(actor, None, cfg, jax.random.key(1))
-  step = algos.make_train_step(actor, None, cfg, compiler_options=FAST)
-  before = snapshot(state)
-  state, metrics = step(state, make_batch(), jax.random.key(0))
-  assert np.abs(np.asarray(state.critic_params["value_kernel"])).max() > 0
-  emb0 = before.actor_params["decoder"]["embedding"]
-  assert np.abs(np.asarray(state.actor_params["decoder"]["embedding"]) - emb0).max() > 0
-  assert float(metrics["critic/vf_loss"]) > 0 and np.isfinite(float(metrics["actor/pg_loss"]))
+  sgd = optax.sgd(1.0)
+  batch = make_batch()
+  tokens, attn = batch.tokens_BxT, batch.attention_mask_BxT
+  m = np.asarray(batch.loss_mask_BxT, np.float32)
+  rng = np.random.RandomState(3)
+  head0 = {
+      "value_kernel": rng.normal(0.0, 0.5, MODEL.hidden_size).astype(np.float32),
+      "value_bias": np.float32(0.25),
+  }
+  graphdef, _, rest = nnx.split(actor, nnx.Param, ...)
+
+  def forward(params, head):
+    model = nnx.merge(graphdef, params, rest)
+    hidden, _ = model.backbone(tokens, attn)
+    values = jnp.einsum("btd,d->bt", hidden.astype(jnp.float32), head["value_kernel"])
+    return model, jnp.pad((values + head["value_bias"])[:, :-1], ((0, 0), (1, 0)))
+
+  trunk_grads = []
+  for vf_coef in (0.0, 1.0):
+    cfg = algos.PPOConfig(
+        critic="shared",
+        vf_coef=vf_coef,
+        num_minibatches=1,
+        micro_batches=1,
+        shuffle=False,
+        entropy_coeff=0.0,
+        vocab_chunk=64,
+    )
+    state = algos.init_train_state(actor, None, cfg, jax.random.key(1), actor_tx=sgd, critic_tx=sgd)
+    assert not np.asarray(state.critic_params["value_kernel"]).any()  # zero at init
+    head = jax.tree.map(jnp.asarray, head0)  # a copy: the step donates the state
+    state = state.replace(critic_params=head, critic_opt=sgd.init(head))
+    before = snapshot((state.actor_params, state.critic_params))
+    step = algos.make_train_step(
+        actor, None, cfg, actor_tx=sgd, critic_tx=sgd, compiler_options=FAST
+    )
+    state, metrics = step(state, batch, jax.random.key(0))
+    after = snapshot((state.actor_params, state.critic_params))
+
+    # The plain reference: old values from the head at its start, NumPy GAE, whitening.
+    params0 = jax.tree.map(jnp.asarray, before[0])
+    _, values = forward(params0, head0)
+    values = np.asarray(values, np.float64) * m
+    raw = ref_gae_raw(np.asarray(batch.token_rewards_BxT, np.float64), values, m)
+    valid = raw[m == 1]
+    adv = jnp.asarray((raw - valid.mean()) / np.sqrt(valid.var(ddof=1) + 1e-8), jnp.float32)
+    returns = jnp.asarray(raw + values, jnp.float32)
+    old_logp, _ = full_logp_entropy(actor, tokens, attn)
+
+    def loss(params, head, old_values, returns, old_logp, adv, vf_coef):
+      model, v = forward(params, head)
+      logp, _ = full_logp_entropy(model, tokens, attn)
+      pg, _ = algos.policy_loss(logp, old_logp, adv, m)
+      vf, _ = algos.value_loss(v, old_values, returns, m, 0.5)
+      return pg + vf_coef * vf
+
+    g_trunk, g_head = jax.grad(loss, argnums=(0, 1))(
+        params0,
+        jax.tree.map(jnp.asarray, head0),
+        jnp.asarray(values, jnp.float32),
+        returns,
+        old_logp,
+        adv,
+        vf_coef,
+    )
+    for g_ref, b0, b1 in ((g_trunk, before[0], after[0]), (g_head, before[1], after[1])):
+      flat_ref = jax.tree.leaves(g_ref)
+      flat_delta = [x1 - x0 for x0, x1 in zip(jax.tree.leaves(b0), jax.tree.leaves(b1))]
+      scale = max(np.abs(np.asarray(g)).max() for g in flat_ref)
+      for gr, d in zip(flat_ref, flat_delta):
+        np.testing.assert_allclose(-d, gr, rtol=1e-3, atol=1e-5 * scale)
+    head_moved = np.abs(after[1]["value_kernel"] - before[1]["value_kernel"]).max()
+    assert (head_moved > 0) == (vf_coef > 0)  # vf_coef 0: the head gets no gradient either
+    assert float(metrics["critic/vf_loss"]) > 0 and np.isfinite(float(metrics["actor/pg_loss"]))
+    trunk_grads.append(jax.tree.leaves(g_trunk))
+  # The value loss's share of the trunk gradient is far above the tolerance used above.
+  for g0, g1 in zip(*trunk_grads):
+    scale = np.abs(np.asarray(g1)).max()
+    assert np.abs(np.asarray(g1) - np.asarray(g0)).max() > 0.05 * scale
 
 
 def test_config_validation():
