@@ -226,26 +226,54 @@ def test_scripted_sokoban_solution_and_junk(monkeypatch, model):
 
 
 def test_scripted_budget_and_turn_scores(monkeypatch, model):
-  # Budget 3 actions: turn 1 plays 2, turn 2 only 1 of 2, and the episode ends (truncated).
-  env = envs.make("frozenlake", success_rate=1.0)
-  reply = "</think><answer>Left || Left</answer>"
-  config = small_config(max_turns=5, max_actions_per_traj=3, use_turn_scores=True)
-  result = scripted_run(monkeypatch, model, env, [[reply] * 5] * 4, config, seed=3)
+  """Budget 3 actions, per-turn rewards: each turn's reward (environment reward, format penalty
+  and unchanged-turn penalty) sits on that turn's last reply token, and every other token's
+  reward is 0."""
+  env = envs.make("frozenlake", success_rate=1.0)  # deterministic ice
+  left2, junk, left_fly = (
+      "</think><answer>Left || Left</answer>",
+      "no tags",
+      "</think><answer>Left || fly</answer>",
+  )
+  # Each reply's actions and whether it is penalised (no tags; an unknown word).
+  parsed = {left2: ([0, 0], False), junk: ([], True), left_fly: ([0], True)}
+  replies = [[left2] * 5, [junk] + [left2] * 4, [left_fly] + [left2] * 4, [junk, left_fly] * 3]
+  config = small_config(
+      max_turns=5, max_actions_per_traj=3, use_turn_scores=True, unchanged_penalty=-0.5
+  )
+  result = scripted_run(monkeypatch, model, env, replies, config, seed=3)
   m = result.metrics
-  reset, _ = env_batch.env_functions(env)
-  state = jax.tree.map(lambda x: x[0], reset(jax.vmap(jax.random.key)(jnp.array([3, 3, 4, 4]))))
-  moves, turns = 0, 1
-  for move in range(3):  # deterministic ice: replay Left until done or the budget is spent
-    if bool(state.done):
-      break
-    turns = 1 if move < 2 else 2
-    state, _, _, _ = env.step(jax.random.key(0), state, 0)
-    moves += 1
-  assert m["num_actions"][0] == moves and m["num_turns"][0] == turns
   rewards, loss = np.asarray(result.batch.token_rewards_BxT), np.asarray(result.batch.loss_mask_BxT)
-  ends = [b - 1 for _, b in segments(loss[0])]
-  assert set(np.flatnonzero(rewards[0])) <= set(ends)
-  np.testing.assert_allclose(rewards[0].sum(), float(result.batch.scores_B[0]), atol=1e-6)
+  reset, _ = env_batch.env_functions(env)
+  starts = reset(jax.vmap(jax.random.key)(jnp.array([3, 3, 4, 4])))
+  for i in range(4):
+    # Replay: at most 2 actions a turn, 3 in all; the episode ends when the lake says done or
+    # the budget is spent.
+    state, left, turn_rewards, actions = jax.tree.map(lambda x, i=i: x[i], starts), 3, [], 0
+    for reply in replies[i][: config.max_turns]:
+      wanted, penalised = parsed[reply]
+      before, env_reward = env.render(state), 0.0
+      for action in wanted[:left]:
+        state, reward, _, _ = env.step(jax.random.key(0), state, action)
+        env_reward += float(reward)
+        left, actions = left - 1, actions + 1
+        if bool(state.done):
+          break
+      unchanged = env.render(state) == before
+      turn_rewards.append(env_reward - 0.1 * penalised - 0.5 * unchanged)
+      if bool(state.done) or left == 0:
+        break
+    assert m["num_actions"][i] == actions and m["num_turns"][i] == len(turn_rewards)
+    ends = [b - 1 for _, b in segments(loss[i])]
+    assert len(ends) == len(turn_rewards)
+    want = np.zeros(rewards.shape[1])
+    want[ends] = turn_rewards
+    np.testing.assert_allclose(rewards[i], want, atol=1e-6)  # values near 0: an absolute bound
+    np.testing.assert_allclose(float(result.batch.scores_B[i]), sum(turn_rewards), rtol=1e-6)
+  # Seeds 3 and 4 start at the left edge: Left never moves, so every turn pays -0.5 (and -0.1
+  # more when penalised), and every turn's reward, not only the last, is non-zero.
+  assert m["num_turns"].tolist() == [2, 3, 2, 5]
+  np.testing.assert_allclose(m["return"], [-1.0, -1.6, -1.1, -3.0], rtol=1e-6)
 
 
 def test_compact_prompts_play_the_same_episodes_in_fewer_tokens(monkeypatch, model):
