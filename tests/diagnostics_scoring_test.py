@@ -45,7 +45,9 @@ def test_cross_logprobs_equal_full_forward_teacher_forcing():
     assert logp.shape == (3, 4) and num.tolist() == [1, 5, 17]
     for i, z in enumerate(reasonings):
       for j, x in enumerate(prompts):
-        assert logp[i, j] == pytest.approx(_reference(model, z, x), abs=2e-4), (i, j)
+        # Sums of up to 17 log-probs (down to about -80) from a cached and a plain forward: the
+        # rounding grows with the sum, so the bound is relative too.
+        assert logp[i, j] == pytest.approx(_reference(model, z, x), rel=1e-5, abs=2e-4), (i, j)
 
 
 def test_temperature_scales_the_scored_distribution():

@@ -76,7 +76,13 @@ def test_lora_run_resumes_exactly_and_keeps_the_base(tmp_path):
       [sys.executable, "-m", "ragen_jax.export", f"--checkpoint={ref_dir}", f"--out={out}"],
       check=True,
       cwd=ROOT,
+      timeout=300,
   )
   exported = models.load_hf(out)
   assert exported.config.lora is None
-  np.testing.assert_allclose(np.asarray(exported(ids)), np.asarray(a(ids)), atol=1e-5)
+  # float32 W + (alpha/r)·A·B, merged once, against the adapters applied beside W: the same sums
+  # rounded in another order, so equal to a few float32 ulps of the logits' scale (2-4 here),
+  # not to a fixed absolute bound (1.1e-5 differences were seen on another CPU).
+  want = np.asarray(a(ids))
+  scale = np.abs(want).max()
+  np.testing.assert_allclose(np.asarray(exported(ids)), want, rtol=1e-5, atol=1e-5 * scale)
