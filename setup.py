@@ -31,6 +31,8 @@ DEV = [
     "pytest==9.2.0",
     # Two test workers (README): compiling is single-threaded, so one worker leaves a core idle.
     "pytest-xdist==3.8.0",
+    # A per-test time limit (pytest.ini): a hung test fails instead of stalling the whole run.
+    "pytest-timeout==2.4.0",
     "hypothesis==6.170.15",
     # Parity tests against the reference implementation. torch 2.13.0's CPU build installs
     # without CUDA packages here; newer versions pull several GB of them.

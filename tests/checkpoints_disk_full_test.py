@@ -32,13 +32,14 @@ def small_disk(tmp_path):
       ["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(mount_point)],
       capture_output=True,
       text=True,
+      timeout=60,
   )
   if mounted.returncode != 0:
     pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
   try:
     yield mount_point
   finally:
-    subprocess.run(["umount", str(mount_point)], check=True)
+    subprocess.run(["umount", str(mount_point)], check=True, timeout=60)
 
 
 def _leftovers(directory):

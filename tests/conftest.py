@@ -2,11 +2,13 @@
 
 import atexit
 import os
+import re
 import shutil
 import tempfile
 
 import hypothesis
 import jax
+import pytest
 
 # Implicit rank promotion hides shape bugs (a [B] array meeting a [B, 1] one); tests forbid it.
 jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -52,3 +54,44 @@ def pytest_collection_modifyitems(items):
     return _LONG_FILES.index(name) if name in _LONG_FILES else len(_LONG_FILES)
 
   items.sort(key=rank)  # stable: the order within and among the other files is kept
+
+
+# ------------------------------------------------------------------ time limits, and skips in CI
+
+# pytest.ini's per-test limit, longer for the end-to-end files: one test there may run several
+# smoke trainings in subprocesses, after its module fixture's own.
+_LONG_TIMEOUT_S = 1800
+
+
+def pytest_itemcollected(item):
+  if os.path.basename(str(item.fspath)) in _LONG_FILES and not item.get_closest_marker("timeout"):
+    item.add_marker(pytest.mark.timeout(_LONG_TIMEOUT_S))
+
+
+# Under CI (CI set and not "0"/"false", as CI services set it), a skip is a failure: .ci/run
+# installs every dependency the tests need ([dev], Chromium) and runs as root, so a skip there
+# means a broken install, not a missing optional piece. Only tests for an accelerator the
+# machine lacks may skip; their reasons name it.
+_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false")
+_ACCELERATOR_SKIP = re.compile(r"\b(GPU|TPU)\b|CPU program")
+
+
+def _fail_skip_under_ci(report):
+  if not _CI or not report.skipped or hasattr(report, "wasxfail"):
+    return
+  reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+  if not _ACCELERATOR_SKIP.search(reason):
+    report.outcome = "failed"
+    report.longrepr = f"skipped under CI, where nothing may be missing: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+  outcome = yield
+  _fail_skip_under_ci(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+  outcome = yield  # a module-level importorskip skips the whole file here
+  _fail_skip_under_ci(outcome.get_result())

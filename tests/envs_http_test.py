@@ -245,6 +245,7 @@ def _in_threads(*calls):
     thread.start()
   for thread in threads:
     thread.join(2 * TIMEOUT_S)
+  assert not any(t.is_alive() for t in threads), f"a call still runs after {2 * TIMEOUT_S} s"
   return errors
 
 
@@ -304,6 +305,7 @@ def test_a_new_episode_is_refused_when_every_episode_is_busy():
     finally:
       _Blocking.release.set()
       stepping.join(TIMEOUT_S)
+    assert not stepping.is_alive(), f"the released step still runs after {TIMEOUT_S} s"
     assert _healthy(server.url) == 1
 
 

@@ -216,8 +216,8 @@ def test_file_is_loaded_once_and_shared(tmp_path, monkeypatch):
   for t in threads:
     t.start()
   for t in threads:
-    t.join()
-  assert not errors and len(envs) == 8
+    t.join(60)
+  assert not any(t.is_alive() for t in threads) and not errors and len(envs) == 8
   assert len(reads) == 1
   assert all(e.questions is envs[0].questions for e in envs)
 

@@ -8,11 +8,13 @@ Dimension legend: B episodes, T tokens.
 
 import json
 import os
+import queue
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from flax import nnx
@@ -168,22 +170,51 @@ def test_early_stop_rule_saves_ends_the_run_and_stays_stopped(tmp_path):
   assert resumed["step"] == 4 and "early_stopped" not in resumed
 
 
-def _launch(command, *, signal_at=None, signum=signal.SIGTERM):
+def _launch(command, *, signal_at=None, signum=signal.SIGTERM, timeout_s=300):
   """Runs launch.py `command`; with `signal_at` (a pattern), sends `signum` once a line of the
-  log matches it. Returns (status, log, seconds from the signal to the exit)."""
+  log matches it. Returns (status, log, seconds from the signal to the exit). Fails, with the
+  log's tail, when the command has not ended within `timeout_s`, whether or not it prints: a
+  thread reads its output, so the deadline does not wait for a line."""
   proc = subprocess.Popen(
       command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
   )
+  output = queue.Queue()
+
+  def read():
+    for line in proc.stdout:
+      output.put(line)
+    output.put(None)  # the end of the output
+
+  reader = threading.Thread(target=read, daemon=True)
+  reader.start()
   lines, sent = [], None
-  deadline = time.time() + 300
-  for line in proc.stdout:
-    lines.append(line)
-    if signal_at and sent is None and re.search(signal_at, line):
-      proc.send_signal(signum)
-      sent = time.time()
-    assert time.time() < deadline, "".join(lines[-20:])
-  status = proc.wait(timeout=300)
-  return status, "".join(lines), None if sent is None else time.time() - sent
+  deadline = time.monotonic() + timeout_s
+  try:
+    while True:
+      try:
+        line = output.get(timeout=max(0.0, deadline - time.monotonic()))
+      except queue.Empty:
+        pytest.fail(f"no exit within {timeout_s} s; the log ends:\n" + "".join(lines[-20:]))
+      if line is None:
+        break
+      lines.append(line)
+      if signal_at and sent is None and re.search(signal_at, line):
+        proc.send_signal(signum)
+        sent = time.monotonic()
+    status = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+    reader.join(10)
+  return status, "".join(lines), None if sent is None else time.monotonic() - sent
+
+
+def test_launch_helper_fails_a_silent_hang_at_its_deadline():
+  began = time.monotonic()
+  with pytest.raises(pytest.fail.Exception, match="no exit within 2 s"):
+    _launch([sys.executable, "-c", "import time; time.sleep(120)"], timeout_s=2)
+  assert time.monotonic() - began < 30
 
 
 def _steps(workdir):
