@@ -7,7 +7,8 @@ Run by tests/sharding_test.py in a subprocess (the device count is fixed when JA
 each mesh (data, fsdp, tensor) over the first data x fsdp x tensor devices: the shipped warm start
 is loaded straight into its shardings, plays one rollout (2 groups x 4 episodes) with the same
 key, and takes one StarPO step on the *first mesh's* rollout batch, so the update is compared on
-identical inputs. Prints {mesh: {tokens, rollout metrics, train metrics, parameter checksums}}.
+identical inputs. Prints {mesh: {tokens, rollout metrics, train metrics, the updates of actor
+and critic (`update_summary`)}}.
 """
 
 import json
@@ -23,6 +24,29 @@ from ragen_jax.train import experiment
 from ragen_jax.train import batching
 from ragen_jax.train import launch_utils
 from ragen_jax.train import policy as policy_lib
+
+
+def update_summary(before, after):
+  """Per parameter leaf: the update's norm, its projections on 4 fixed random directions (seeded
+  by the leaf's index, so the same on every mesh) and the start's projection on the first.
+
+  A projection of the whole update changes with any element of it, by the element's change times
+  its random weight, where per-leaf sums of absolute values (which one Adam step moves by only a
+  few parts in a million) hardly notice a wrong or missing update.
+  """
+  out = []
+  for k, (x0, x1) in enumerate(zip(jax.tree.leaves(before), jax.tree.leaves(after))):
+    x0 = np.asarray(x0, np.float64).ravel()
+    delta = np.asarray(x1, np.float64).ravel() - x0  # exact: float32 values
+    r_4xN = np.random.default_rng(k).standard_normal((4, x0.size))
+    out.append(
+        {
+            "norm": float(np.linalg.norm(delta)),
+            "proj": (r_4xN @ delta).tolist(),
+            "start": float(r_4xN[0] @ x0),
+        }
+    )
+  return out
 
 
 def run(mesh_shape, reference_batch=None):
@@ -42,7 +66,7 @@ def run(mesh_shape, reference_batch=None):
   result = engine.run(model, jax.random.key(7), seed=10007)
   if np.ptp(result.metrics["return"]) < 1.0:
     raise SystemExit(
-        "the rollout's returns barely differ: the update would be noise; pick " "other levels"
+        "the rollout's returns barely differ: the update would be noise; pick other levels"
     )
   batch = batching.join_batches([result.batch], exp.trainer.pad_multiple, tok.pad_id)
   if reference_batch is None:
@@ -56,19 +80,17 @@ def run(mesh_shape, reference_batch=None):
       model, None, exp.ppo, out_shardings=(state_sharding, sharder.replicated)
   )
   ref = jax.device_put(reference_batch, sharder.batch_tree(reference_batch))
+  before = jax.device_get((state.actor_params, state.critic_params))  # host copies: donated
   state, metrics = step(state, ref, jax.random.key(3))
-  params = jax.device_get(state.actor_params)
+  after = jax.device_get((state.actor_params, state.critic_params))
   return reference_batch, {
       "param_sharding": str(kernel.sharding.spec),
       "devices": len(kernel.sharding.device_set),
       "tokens": np.asarray(batch.tokens_BxT).tolist(),
       "rollout": {k: float(np.mean(v)) for k, v in result.metrics.items()},
       "train": {k: float(v) for k, v in jax.device_get(metrics).items()},
-      "params": [float(np.sum(np.abs(x), dtype=np.float64)) for x in jax.tree.leaves(params)],
-      "critic": [
-          float(np.sum(x, dtype=np.float64))
-          for x in jax.tree.leaves(jax.device_get(state.critic_params))
-      ],
+      "actor": update_summary(before[0], after[0]),
+      "critic": update_summary(before[1], after[1]),
   }
 
 

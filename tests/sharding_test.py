@@ -119,6 +119,7 @@ def test_a_run_whose_batch_does_not_divide_the_mesh_stops_before_compiling(tmp_p
       capture_output=True,
       text=True,
       timeout=300,
+      check=False,
   )
   assert proc.returncode != 0
   assert "the training batch (episodes per step) = 4 cannot be split over data = 8" in (
@@ -136,6 +137,7 @@ def test_meshes_give_the_same_rollouts_and_updates_as_one_device():
       capture_output=True,
       text=True,
       timeout=900,
+      check=False,
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
   line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][0]
@@ -155,5 +157,16 @@ def _check_equal_to_one_device(meshes, results):
     # The update on identical inputs: reductions run in another order, so equal to 1e-5.
     for name, value in ref["train"].items():
       assert got["train"][name] == pytest.approx(value, rel=1e-4, abs=1e-5), (mesh, name)
-    np.testing.assert_allclose(got["params"], ref["params"], rtol=1e-5)
-    np.testing.assert_allclose(got["critic"], ref["critic"], rtol=1e-4, atol=1e-5)
+    # Actor and critic, leaf by leaf: the same start (bitwise), and the same update. Adam's step
+    # is about the learning rate per weight whatever the gradient's size, so where a gradient
+    # is near 0 another reduction order can flip its sign: measured, the projections differ
+    # by up to 6e-4 of the update's norm, and a leaf left out of the update would move them by
+    # about its norm (at least 0.5 of it for these leaves). Bounds relative to the update.
+    for name in ("actor", "critic"):
+      for k, (g, r) in enumerate(zip(got[name], ref[name], strict=True)):
+        where = (mesh, name, k)
+        assert g["start"] == r["start"] and r["norm"] > 0, where
+        assert g["norm"] == pytest.approx(r["norm"], rel=1e-4), where
+        np.testing.assert_allclose(
+            g["proj"], r["proj"], rtol=0, atol=1e-2 * r["norm"], err_msg=where
+        )
