@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax import algos
+from ragen_jax.algos import logprobs as logprobs_lib
 
 
 def ref_logp_entropy(h, w, targets, temperature):
@@ -82,3 +83,22 @@ def test_no_full_vocab_tensor_in_compiled_program():
   hlo = jax.jit(fn).lower(h, w).as_text()
   assert f"{b}x{t}x{v}x" not in hlo and f"{b},{t},{v}]" not in hlo
   assert f"{b},{t},{c}]" in hlo or f"{b}x{t}x{c}x" in hlo
+
+
+def test_logprobs_at_response_positions_equal_the_full_pass_there_and_zero_elsewhere():
+  rng = np.random.default_rng(3)
+  b, t, d, v = 3, 10, 8, 40
+  h = jnp.asarray(rng.normal(size=(b, t, d)), jnp.float32)
+  w = jnp.asarray(rng.normal(size=(d, v)), jnp.float32)
+  tokens = jnp.asarray(rng.integers(0, v, (b, t)), jnp.int32)
+  mask = np.zeros((b, t), np.int32)
+  mask[0, [2, 3, 7]] = 1
+  mask[1, 5:10] = 1
+  # row 2: no trained token
+  width = algos.response_width(mask, least=1)
+  assert width == 8  # five trained tokens, rounded up to a power of two
+  full_logp, full_ent = algos.sequence_logprobs(h, w, tokens, 16)
+  positions = logprobs_lib.response_positions(jnp.asarray(mask), width)
+  logp, ent = algos.sequence_logprobs(h, w, tokens, 16, positions_BxR=positions)
+  np.testing.assert_allclose(logp, np.where(mask, full_logp, 0.0), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(ent, np.where(mask, full_ent, 0.0), rtol=1e-5, atol=1e-6)

@@ -83,7 +83,9 @@ def snapshot(tree):
 # ---------------------------------------------------------------- gradient of the jitted step
 
 
-def test_jitted_step_gradient_equals_plain_loss_gradient():
+# response_width 8: log-probs at each row's (at most 6) trained tokens alone, the trainer's way.
+@pytest.mark.parametrize("response_width", [None, 8])
+def test_jitted_step_gradient_equals_plain_loss_gradient(response_width):
   actor = models.create(MODEL, jax.random.key(0))
   ref = models.create(MODEL, jax.random.key(5))
   critic = models.critic_from_policy(actor)
@@ -107,7 +109,7 @@ def test_jitted_step_gradient_equals_plain_loss_gradient():
   batch = make_batch()
   before = snapshot((state.actor_params, state.critic_params))
   leaf = jax.tree.leaves(state.actor_params)[0]
-  state, metrics = step(state, batch, jax.random.key(2))
+  state, metrics = step(state, batch, jax.random.key(2), response_width=response_width)
   assert leaf.is_deleted()  # make_train_step donates the state
   after = snapshot((state.actor_params, state.critic_params))
 

@@ -62,11 +62,18 @@ def forward_flops(cfg, batch, seq):
   return batch * seq * (2 * matmul_params + attention)
 
 
-def make_batch(b, t, vocab, group):
+def make_batch(b, t, vocab, group, response=0):
+  """`response` > 0: that many trained tokens per row in five replies spread over the second
+  half (a multi-turn conversation's shape); 0: the last three quarters, one observation block."""
   rng = np.random.RandomState(0)
   loss = np.zeros((b, t), np.int32)
-  loss[:, t // 4 :] = 1
-  loss[:, t // 2 : t // 2 + 8] = 0  # an observation block inside the response
+  if response:
+    for turn in range(5):
+      end = t // 2 + (turn + 1) * (t // 10)
+      loss[:, end - response // 5 : end] = 1
+  else:
+    loss[:, t // 4 :] = 1
+    loss[:, t // 2 : t // 2 + 8] = 0  # an observation block inside the response
   scores = rng.randint(0, 3, b).astype(np.float32)
   rewards = np.zeros((b, t), np.float32)
   rewards[:, -1] = scores
@@ -100,13 +107,13 @@ def interleaved(run_once, steps, matmul_n, dtype=jnp.float32):
   return float(np.median(secs)), float(np.median(peaks)), pairs
 
 
-def time_jax_step(model_cfg, ppo_cfg, batch, steps, matmul_n):
+def time_jax_step(model_cfg, ppo_cfg, batch, steps, matmul_n, width=None):
   actor = models.create(model_cfg, jax.random.key(0))
   holder = {"state": algos.init_train_state(actor, None, ppo_cfg, jax.random.key(1))}
   step = algos.make_train_step(actor, None, ppo_cfg)
 
   def run_once(i):
-    holder["state"], metrics = step(holder["state"], batch, jax.random.key(i))
+    holder["state"], metrics = step(holder["state"], batch, jax.random.key(i), response_width=width)
     jax.block_until_ready(metrics)
 
   t0 = time.perf_counter()
@@ -200,6 +207,12 @@ def main():
   p.add_argument("--remat", action="store_true", help="recompute each layer in the backward")
   p.add_argument("--micro_batches", type=int, default=1)
   p.add_argument("--attention", default="auto", help="model.attention: auto, xla, cudnn, splash")
+  p.add_argument("--response", type=int, default=0, help="trained tokens per row (make_batch)")
+  p.add_argument(
+      "--response_width",
+      action="store_true",
+      help="the step computes log-probs at trained tokens alone, as the trainer does",
+  )
   p.add_argument(
       "--parts",
       default="actor,ppo,fwdbwd,torch",
@@ -223,7 +236,8 @@ def main():
         rope_theta=1e4,
         **numerics,
     )
-  batch = make_batch(args.batch, args.seq, model_cfg.vocab_size, args.group)
+  batch = make_batch(args.batch, args.seq, model_cfg.vocab_size, args.group, args.response)
+  width = algos.response_width(np.asarray(batch.loss_mask_BxT)) if args.response_width else None
   tokens = args.batch * args.seq
   fwd = forward_flops(model_cfg, args.batch, args.seq)
   print(
@@ -272,9 +286,10 @@ def main():
     )
   for name, ppo_cfg, flops in runs:
     sec, peak, pairs, compile_s = time_jax_step(
-        model_cfg, ppo_cfg, batch, args.steps, args.matmul_n
+        model_cfg, ppo_cfg, batch, args.steps, args.matmul_n, width
     )
-    report(name, sec, peak, pairs, flops, f"compile {compile_s:.0f} s")
+    note = f"compile {compile_s:.0f} s" + (f"; log-probs at {width} positions" if width else "")
+    report(name, sec, peak, pairs, flops, note)
   if "fwdbwd" in parts:
     sec, peak, pairs = time_jax_fwd_bwd(
         model_cfg, batch, args.steps, args.matmul_n, args.vocab_chunk

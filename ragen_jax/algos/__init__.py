@@ -21,6 +21,7 @@ from ragen_jax.algos.filtering import filter_groups
 from ragen_jax.algos.filtering import first_of_group_B
 from ragen_jax.algos.filtering import group_metric_B
 from ragen_jax.algos.logprobs import chunked_logprobs_entropy
+from ragen_jax.algos.logprobs import response_width
 from ragen_jax.algos.logprobs import sequence_logprobs
 from ragen_jax.algos.losses import agg_loss
 from ragen_jax.algos.losses import kl_penalty

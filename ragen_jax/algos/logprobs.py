@@ -8,11 +8,13 @@ an online logsumexp, so only [B, T, C] logits exist at once; the chunk body is r
 Dimensions:
   B: sequences.  T: token positions.  D: hidden size.  V: vocabulary.  C: vocabulary chunk.
   K: number of chunks (V padded up to K·C).  N = B·T flattened positions.
+  R: positions scored (`response_positions`).
 """
 
 import jax
 from jax import lax
 import jax.numpy as jnp
+import numpy as np
 
 NEG_BIG = -1e30
 
@@ -78,17 +80,62 @@ def chunked_logprobs_entropy(
 
 
 def sequence_logprobs(
-    hidden_BxTxD, unembed_DxV, tokens_BxT, chunk=8192, temperature=1.0, with_entropy=True
+    hidden_BxTxD,
+    unembed_DxV,
+    tokens_BxT,
+    chunk=8192,
+    temperature=1.0,
+    with_entropy=True,
+    positions_BxR=None,
 ):
   """Log-probs in the rollout-batch convention: position t scores tokens[t] from hidden[t − 1].
 
   Position 0 has no prediction and gets logp = entropy = 0 (it is never a trained token).
 
+  With `positions_BxR` (`response_positions`) the unembedding and softmax run at those R
+  positions alone and every other position gets 0: an update trains only the assistant's
+  tokens, a small share of a multi-turn conversation, and at a small vocabulary the [B, T, V]
+  logits and their softmax are a large part of a training pass.
+
   Returns:
     (logp_BxT, entropy_BxT) float32.
   """
-  logp, ent = chunked_logprobs_entropy(
-      hidden_BxTxD[:, :-1], unembed_DxV, tokens_BxT[:, 1:], chunk, temperature, with_entropy
+  if positions_BxR is None:
+    logp, ent = chunked_logprobs_entropy(
+        hidden_BxTxD[:, :-1], unembed_DxV, tokens_BxT[:, 1:], chunk, temperature, with_entropy
+    )
+    pad = ((0, 0), (1, 0))
+    return jnp.pad(logp, pad), jnp.pad(ent, pad)
+  pos_BxR, valid_BxR = positions_BxR
+  take = lambda x, idx: jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), 1)
+  hidden_BxRxD = take(hidden_BxTxD, jnp.maximum(pos_BxR - 1, 0))
+  logp_BxR, ent_BxR = chunked_logprobs_entropy(
+      hidden_BxRxD, unembed_DxV, take(tokens_BxT, pos_BxR), chunk, temperature, with_entropy
   )
-  pad = ((0, 0), (1, 0))
-  return jnp.pad(logp, pad), jnp.pad(ent, pad)
+  rows_Bx1 = jnp.arange(tokens_BxT.shape[0])[:, None]
+  # Distinct positions per row (a permutation's prefix): every set lands once; unmasked ones get 0.
+  scatter = lambda v_BxR: (
+      jnp.zeros(tokens_BxT.shape, jnp.float32)
+      .at[rows_Bx1, pos_BxR]
+      .set(jnp.where(valid_BxR, v_BxR, 0.0), unique_indices=True)
+  )
+  return scatter(logp_BxR), scatter(ent_BxR)
+
+
+def response_positions(mask_BxT, r: int):
+  """(positions_BxR, valid_BxR): each row's masked positions in order, then unmasked ones.
+
+  `r` (static) must be at least the largest row count of the mask; the trainer sizes it from
+  the host batch (`response_width`). Position 0 never holds a trained token.
+  """
+  mask_BxT = mask_BxT > 0
+  pos_BxR = jnp.argsort(~mask_BxT, axis=1, stable=True)[:, :r].astype(jnp.int32)
+  return pos_BxR, jnp.take_along_axis(mask_BxT, pos_BxR, axis=1)
+
+
+def response_width(loss_mask_BxT, least: int = 64) -> int:
+  """R for a host batch: its largest count of trained tokens in a row, rounded up to a power of
+  two (at least `least`, at most T) so that few values, and so few compilations, occur."""
+  t = loss_mask_BxT.shape[1]
+  most = int(np.max(np.sum(np.asarray(loss_mask_BxT) > 0, axis=1), initial=0))
+  return min(t, max(least, 1 << max(most - 1, 0).bit_length()))

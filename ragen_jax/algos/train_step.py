@@ -21,6 +21,7 @@ Dimensions:
   U: episodes per micro-batch (B = N·M·U).  D: hidden size.
 """
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -36,6 +37,7 @@ from ragen_jax.algos import filtering
 from ragen_jax.algos import losses
 from ragen_jax.algos import optim
 from ragen_jax.algos.config import PPOConfig
+from ragen_jax.algos.logprobs import response_positions
 from ragen_jax.algos.logprobs import sequence_logprobs
 from ragen_jax.algos.step_records import Advantages
 from ragen_jax.algos.step_records import copy_tree
@@ -123,13 +125,20 @@ def init_train_state(
 # ---------------------------------------------------------------- forward and losses
 
 
-def policy_forward(graph, params, tokens_BxT, attn_BxT, cfg: PPOConfig, with_entropy):
-  """(logp_BxT, entropy_BxT, hidden_BxTxD) of a policy with `params`."""
+def policy_forward(
+    graph, params, tokens_BxT, attn_BxT, cfg: PPOConfig, with_entropy, mask_BxT=None, width=None
+):
+  """(logp_BxT, entropy_BxT, hidden_BxTxD) of a policy with `params`.
+
+  With `width` (R) the log-probs and entropies are computed at the R first positions of
+  `mask_BxT` in each row and are 0 elsewhere (`logprobs.response_positions`).
+  """
   model = graph.merge(params)
   hidden_BxTxD, _ = model.backbone(tokens_BxT, attn_BxT)
   w_DxV = model.unembed_kernel().astype(hidden_BxTxD.dtype)
+  positions = None if width is None else response_positions(mask_BxT, width)
   logp_BxT, entropy_BxT = sequence_logprobs(
-      hidden_BxTxD, w_DxV, tokens_BxT, cfg.vocab_chunk, cfg.temperature, with_entropy
+      hidden_BxTxD, w_DxV, tokens_BxT, cfg.vocab_chunk, cfg.temperature, with_entropy, positions
   )
   return logp_BxT, entropy_BxT, hidden_BxTxD
 
@@ -189,7 +198,14 @@ def micro_grads(spec: StepSpec, actor_params, critic_params, mb: UpdateData):
   def actor_loss(trainable, head):
     params = lora.combine(trainable, frozen)
     logp_BxT, entropy_BxT, hidden_BxTxD = policy_forward(
-        spec.actor, params, mb.tokens_BxT, mb.attn_BxT, cfg, cfg.entropy_coeff > 0
+        spec.actor,
+        params,
+        mb.tokens_BxT,
+        mb.attn_BxT,
+        cfg,
+        cfg.entropy_coeff > 0,
+        mb.mask_BxT,
+        spec.width,
     )
     loss, metrics = actor_terms(cfg, logp_BxT, entropy_BxT, mb)
     return critic.add_to_actor_loss(loss, metrics, head, hidden_BxTxD, value_loss)
@@ -240,9 +256,9 @@ def old_pass(spec: StepSpec, state: TrainState, sel: Selection, chunk_size) -> O
   """
   cfg = spec.cfg
 
-  def forward(tokens_UxT, attn_UxT):
+  def forward(tokens_UxT, attn_UxT, mask_UxT):
     logp, ent, hidden = policy_forward(
-        spec.actor, state.actor_params, tokens_UxT, attn_UxT, cfg, True
+        spec.actor, state.actor_params, tokens_UxT, attn_UxT, cfg, True, mask_UxT, spec.width
     )
     values = spec.critic.values(state.critic_params, tokens_UxT, attn_UxT, hidden)
     ref_logp = None
@@ -250,13 +266,16 @@ def old_pass(spec: StepSpec, state: TrainState, sel: Selection, chunk_size) -> O
       ref_params = state.ref_params
       if ref_params is None:  # LoRA: the frozen base, i.e. the actor with every B at zero
         ref_params = lora.without_adapters(state.actor_params)
-      ref_logp = policy_forward(spec.ref, ref_params, tokens_UxT, attn_UxT, cfg, False)[0]
+      ref_logp = policy_forward(
+          spec.ref, ref_params, tokens_UxT, attn_UxT, cfg, False, mask_UxT, spec.width
+      )[0]
     return OldPass(logp_BxT=logp, entropy_BxT=ent, values_BxT=values, ref_logp_BxT=ref_logp)
 
   def forward_if_kept(chunk):
-    tokens_UxT, attn_UxT, keep_U = chunk
-    zeros = lambda: jax.tree.map(jnp.zeros_like, jax.eval_shape(forward, tokens_UxT, attn_UxT))
-    return lax.cond(jnp.any(keep_U), lambda: forward(tokens_UxT, attn_UxT), zeros)
+    tokens_UxT, attn_UxT, mask_UxT, keep_U = chunk
+    args = (tokens_UxT, attn_UxT, mask_UxT)
+    zeros = lambda: jax.tree.map(jnp.zeros_like, jax.eval_shape(forward, *args))
+    return lax.cond(jnp.any(keep_U), lambda: forward(*args), zeros)
 
   b = sel.keep_B.shape[0]
   chunks = b // chunk_size
@@ -265,6 +284,7 @@ def old_pass(spec: StepSpec, state: TrainState, sel: Selection, chunk_size) -> O
       (
           sel.tokens_BxT.reshape(chunks, chunk_size, -1),
           sel.attn_BxT.reshape(chunks, chunk_size, -1),
+          sel.mask_BxT.reshape(chunks, chunk_size, -1),
           sel.keep_B.reshape(chunks, chunk_size),
       ),
   )
@@ -426,8 +446,14 @@ def batch_metrics(cfg: PPOConfig, sel: Selection, old: OldPass, adv: Advantages)
 # ---------------------------------------------------------------- the step
 
 
-def train_step(spec: StepSpec, state: TrainState, batch, key):
-  """One StarPO update: `(state, batch, key) -> (state, metrics)` once `spec` is bound."""
+def train_step(spec: StepSpec, state: TrainState, batch, key, response_width=None):
+  """One StarPO update: `(state, batch, key) -> (state, metrics)` once `spec` is bound.
+
+  `response_width` (static; `logprobs.response_width` of the host batch): log-probs are then
+  computed at each row's trained tokens alone. It must be at least the largest count of
+  trained tokens in a row; None computes them at every position (the same update, slower).
+  """
+  spec = dataclasses.replace(spec, width=response_width)
   cfg = spec.cfg
   b = batch.tokens_BxT.shape[0]
   cfg.check_batch(b)
@@ -463,7 +489,8 @@ def make_train_step(
     compiler_options=None,
     out_shardings=None,
 ):
-  """Returns `train_step(state, batch, key) -> (state, metrics)`, jitted with the state donated.
+  """Returns `train_step(state, batch, key, response_width=None) -> (state, metrics)`, jitted
+  with the state donated.
 
   Args:
     actor_model, critic_model, cfg: as for init_train_state (only graph structure is used).
@@ -486,7 +513,11 @@ def make_train_step(
   if not jit:
     return step
   return jax.jit(
-      step, donate_argnums=(0,), compiler_options=compiler_options, out_shardings=out_shardings
+      step,
+      donate_argnums=(0,),
+      static_argnames=("response_width",),
+      compiler_options=compiler_options,
+      out_shardings=out_shardings,
   )
 
 

@@ -389,7 +389,12 @@ class _Run:
       )
       batch = distributed.put(host_batch, self.sharder.batch_tree(host_batch))
       tic_update = time.perf_counter()
-      train_state, metrics = self.train_step(state.train, batch, keys.update(step_key))
+      train_state, metrics = self.train_step(
+          state.train,
+          batch,
+          keys.update(step_key),
+          response_width=algos.response_width(host_batch.loss_mask_BxT),
+      )
       metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
       t_update = time.perf_counter() - tic_update
       self._check(metrics, step)
