@@ -7,7 +7,7 @@
     out.tokens_BxN, out.logprobs_BxN, out.lengths_B   # also .tokens / .logprobs / .lengths
 
 Prompts are left-padded (mask 0 on the left). Prompt lengths are bucketed (powers of two up to
-256, then multiples of 256) by adding more left padding, so new lengths reuse compiled code.
+128, then multiples of 128) by adding more left padding, so new lengths reuse compiled code.
 One jitted call runs the prefill and the whole decode loop; the loop exits as soon as every row
 has stopped. A row stops on a stop token id, on a stop token sequence (e.g. the ids of
 "</answer>" when it is several tokens), or after `max_new_tokens`; later slots hold `pad_id`.
@@ -76,11 +76,15 @@ class DecodeState:
 
 
 def bucket(n: int) -> int:
-  """Padded length for n: a power of two up to 256, then a multiple of 256."""
+  """Padded length for n: a power of two up to 128, then a multiple of 128.
+
+  Coarser buckets compile fewer programs but prefill more padding: a multi-turn rollout's first
+  prompt (~320 tokens for RAGEN's Sokoban) took 512 slots with multiples of 256.
+  """
   n = max(int(n), 1)
-  if n <= 256:
+  if n <= 128:
     return max(16, 1 << (n - 1).bit_length())
-  return -(-n // 256) * 256
+  return -(-n // 128) * 128
 
 
 def filter_logits(
@@ -153,22 +157,24 @@ def _decode(
   """Appends ids_BxT to the cache, then samples up to N tokens per active row."""
   model = nnx.merge(graphdef, params)
   b, n = ids_BxT.shape[0], max_new_tokens
-  logits_BxTxV, cache = model(ids_BxT, mask_BxT, cache=cache)
+  full_cache = cache
+  window = cache.capacity if window is None else window
+  # The weights once, here: sliced out of the stack inside the loop, copied every step. The
+  # prefill attends over the window too, not the whole capacity.
+  cache = cache.per_layer(window, model.decoder.layer_weights())
+  hidden_BxTxD, cache = model.backbone(ids_BxT, mask_BxT, cache=cache)
+  # Only the last position's logits are sampled from: no [B, T, V] logits for a long prompt.
+  logits_BxV = model.logits(hidden_BxTxD[:, -1:])[:, 0]
   key, sub = jax.random.split(key)
-  token_B, logp_B = _sample(
-      logits_BxTxV[:, -1], sub, temperature=temperature, top_k=top_k, top_p=top_p
-  )
+  token_B, logp_B = _sample(logits_BxV, sub, temperature=temperature, top_k=top_k, top_p=top_p)
   tokens_BxN = (
       jnp.full((b, n), pad_id, jnp.int32).at[:, 0].set(jnp.where(active_B, token_B, pad_id))
   )
   logprobs_BxN = jnp.zeros((b, n), jnp.float32).at[:, 0].set(jnp.where(active_B, logp_B, 0.0))
   done_B = ~active_B | _stopped(tokens_BxN, 0, token_B, stop_token_ids, stop_sequences)
-  full_cache = cache
-  window = cache.capacity if window is None else window
   state = DecodeState(
       step=jnp.int32(1),
-      # The weights once, here: sliced out of the stack inside the loop, copied every step.
-      cache=cache.per_layer(window, model.decoder.layer_weights()),
+      cache=cache,
       last_B=token_B,
       done_B=done_B,
       tokens_BxN=tokens_BxN,

@@ -219,7 +219,15 @@ def test_new_prompt_lengths_in_a_bucket_do_not_recompile(pair):
     ids, mask = left_padded(lengths, total)
     sampling.generate(model, ids, mask, key=jax.random.key(0), max_new_tokens=4, temperature=0.5)
   assert sampling._generate_jit._cache_size() - before == 1  # all three share bucket 16
-  assert [sampling.bucket(n) for n in (1, 16, 17, 256, 257, 600)] == [16, 16, 32, 256, 512, 768]
+  assert [sampling.bucket(n) for n in (1, 16, 17, 129, 256, 257, 600)] == [
+      16,
+      16,
+      32,
+      256,
+      256,
+      384,
+      640,
+  ]
 
 
 def test_extend_then_compact_keeps_the_conversation(pair):

@@ -413,11 +413,13 @@ class Qwen2(nnx.Module):
     hidden_BxTxD, new_cache = self.backbone(
         input_ids_BxT, attention_mask, positions_BxT=positions_BxT, cache=cache
     )
-    kernel_DxV = self.unembed_kernel().astype(self.config.dtype)
-    logits_BxTxV = jnp.einsum(
-        "btd,dv->btv", hidden_BxTxD, kernel_DxV, preferred_element_type=jnp.float32
-    )
+    logits_BxTxV = self.logits(hidden_BxTxD)
     return logits_BxTxV if cache is None else (logits_BxTxV, new_cache)
+
+  def logits(self, hidden_BxTxD):
+    """float32 logits_BxTxV of final-normed hidden states (`backbone`'s)."""
+    kernel_DxV = self.unembed_kernel().astype(self.config.dtype)
+    return jnp.einsum("btd,dv->btv", hidden_BxTxD, kernel_DxV, preferred_element_type=jnp.float32)
 
 
 class Qwen2Critic(nnx.Module):
