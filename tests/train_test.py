@@ -384,8 +384,8 @@ def test_non_finite_loss_stops_without_saving(tmp_path, monkeypatch):
   def poisoned(*args, **kwargs):
     step_fn = real(*args, **kwargs)
 
-    def step(state, batch, key):
-      state, metrics = step_fn(state, batch, key)
+    def step(state, batch, key, **kwargs):
+      state, metrics = step_fn(state, batch, key, **kwargs)
       metrics = dict(metrics, **{"actor/pg_loss": jnp.where(state.step >= 2, jnp.nan, 0.0)})
       return state, metrics
 

@@ -289,8 +289,9 @@ class Decoder(nnx.Module):
 
     Without a cache the T tokens attend causally to each other through `model.attention`'s
     kernel; with one they are written at its end_index and attend over its slots. A KVCache
-    runs the layers under `lax.scan`; a LayerCache (a decode loop's) unrolls them, so each
-    layer updates its own buffer in place with the weights the cache carries.
+    runs the layers under `lax.scan`; a LayerCache (a sampler call's, for its prefill and decode
+    loop) unrolls them, so each layer updates its own buffer in place with the weights the cache
+    carries.
     """
     c = self.config
     b, t = input_ids_BxT.shape
