@@ -55,7 +55,7 @@ GOLDEN = {
     "critic/advantages/min": -1.5705621242523193,
     "critic/grad_norm": 7.046664237976074,
     "critic/returns/mean": 1.2666666507720947,
-    "critic/update_sum": 0.3154651776421815,
+    "critic/update_sum": 0.3154602400609292,
     "critic/values/mean": -0.12393474578857422,
     "critic/vf_clipfrac": 0.0,
     "critic/vf_explained_var": 0.047862350940704346,

@@ -95,23 +95,33 @@ def causal_self_attention(
 
 
 def _blockwise_xla(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh, key_mask_BxT, block):
-  b, t = q_BxTxHxDh.shape[:2]
+  b, t, h, dh = q_BxTxHxDh.shape
+  k = k_BxTxKxDh.shape[2]
+  g = h // k
+  # Head-major once per layer; each block then slices, never transposes, the growing key prefix.
+  q_BxKxGxTxDh = q_BxTxHxDh.reshape(b, t, k, g, dh).transpose(0, 2, 3, 1, 4)
+  k_BxKxTxDh = k_BxTxKxDh.transpose(0, 2, 1, 3)
+  v_BxKxTxDh = v_BxTxKxDh.transpose(0, 2, 1, 3)
   outs = []
   for start in range(0, t, block):  # static shapes: T / block blocks, unrolled
     stop = min(start + block, t)
     causal_QxS = jnp.arange(stop)[None, :] <= jnp.arange(start, stop)[:, None]
-    mask_Bx1xQxS = (causal_QxS[None] & key_mask_BxT[:, None, :stop].astype(bool))[:, None]
+    mask_Bx1x1xQxS = (causal_QxS[None] & key_mask_BxT[:, None, :stop].astype(bool))[:, None, None]
+    scores = jnp.einsum(
+        "bkgqd,bksd->bkgqs",
+        q_BxKxGxTxDh[:, :, :, start:stop],
+        k_BxKxTxDh[:, :, :stop],
+        preferred_element_type=jnp.float32,
+    ) * (dh**-0.5)
+    scores = jnp.where(mask_Bx1x1xQxS, scores, _MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_BxTxKxDh.dtype)
     outs.append(
-        jax.nn.dot_product_attention(
-            q_BxTxHxDh[:, start:stop],
-            k_BxTxKxDh[:, :stop],
-            v_BxTxKxDh[:, :stop],
-            mask=mask_Bx1xQxS,
-            implementation="xla",
+        jnp.einsum(
+            "bkgqs,bksd->bkgqd", probs, v_BxKxTxDh[:, :, :stop], preferred_element_type=jnp.float32
         )
     )
-  del b
-  return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
+  out_BxKxGxTxDh = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=3)
+  return out_BxKxGxTxDh.transpose(0, 3, 1, 2, 4).reshape(b, t, h, dh).astype(v_BxTxKxDh.dtype)
 
 
 def _by_length(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh, key_mask_BxT, kernel):
