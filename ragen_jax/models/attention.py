@@ -3,12 +3,14 @@
 `ModelConfig.attention` picks the kernel of causal self-attention (training and the cache-free
 forward pass), checked once by `resolve` when a model is built:
 
-  xla     `jax.nn.dot_product_attention`'s XLA path, in query blocks: block j touches only keys
-          [0, (j+1) * block), so the masked upper triangle is never computed and each block's
-          scores stay in cache (faster on CPU, BENCHMARKS.md). Any device, any dtype, any mask.
-  cudnn   the same function's cuDNN fused (flash) kernel: an NVIDIA GPU, bfloat16 or float16,
-          head_dim a multiple of 8 up to 128. Each row is rotated so its real tokens come first
-          (cuDNN masks padding by sequence lengths) and back.
+  xla     two einsums per query block, as `jax.nn.dot_product_attention`'s XLA path computes
+          them: block j touches only keys [0, (j+1) * block), so the masked upper triangle is
+          never computed and each block's scores stay in cache, and the heads are transposed
+          once per layer, not with every block's key prefix (faster on CPU, BENCHMARKS.md). Any
+          device, any dtype, any mask.
+  cudnn   `jax.nn.dot_product_attention`'s cuDNN fused (flash) kernel: an NVIDIA GPU, bfloat16
+          or float16, head_dim a multiple of 8 up to 128. Each row is rotated so its real tokens
+          come first (cuDNN masks padding by sequence lengths) and back.
   splash  the Pallas splash-attention kernel that ships with JAX: a TPU (or interpret mode, which
           the tests use on CPU). Padding is a segment of its own, so no reordering is needed.
   auto    cudnn on a GPU with a half-precision dtype, splash on a TPU, xla otherwise.
