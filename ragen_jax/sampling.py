@@ -87,6 +87,11 @@ def bucket(n: int) -> int:
   return -(-n // 128) * 128
 
 
+def generate_capacity(prompt_len: int, max_new_tokens: int) -> int:
+  """Cache slots `generate` allocates: the bucketed prompt and the bucketed new tokens."""
+  return bucket(prompt_len) + bucket(max_new_tokens)
+
+
 def filter_logits(
     logits_BxV: jax.Array, temperature: float, top_k: int = 0, top_p: float = 1.0
 ) -> jax.Array:
@@ -340,7 +345,7 @@ def generate(
       mask_BxT,
       key,
       config=model.config,
-      capacity=tb + bucket(max_new_tokens),
+      capacity=generate_capacity(t, max_new_tokens),
       **opts,
   )
 

@@ -141,16 +141,16 @@ def bench_decode(model, hf, batch, prompt, new, iters):
 def decode_step_ms(model, batch, prompt, new=80, iters=3):
   """Milliseconds per decode step after a `prompt`-token prompt: the decode loop alone.
 
-  The prompt is prefilled once; each timed call appends one token to a copy of that cache and
-  decodes `new` or `new // 4` tokens greedily with no stop token (`sampling.extend`, the
-  rollout's own call); the difference of the two is 3/4 `new` decode steps, without the
-  prefill. The cache's capacity is what `generate` allocates for the prompt and `new` tokens,
+  The prompt is prefilled once, sampling the first token; each timed call appends that token to
+  a copy of the cache and decodes the rest of `new` or `new // 4` tokens greedily with no stop
+  token (`sampling.extend`, the rollout's own call); the difference of the two is 3/4 `new`
+  decode steps, without the prefill. The cache's capacity is what `generate` allocates for the prompt and `new` tokens,
   and the loop attends over all of it. Best of `iters`.
   """
   rng = np.random.default_rng(0)
   ids_BxT = rng.integers(10, model.config.vocab_size, size=(batch, prompt)).astype(np.int32)
   graphdef, params = nnx.split(model)
-  capacity = sampling.bucket(prompt) + sampling.bucket(new)
+  capacity = sampling.generate_capacity(prompt, new)
   opts = lambda n: sampling.sampling_options(max_new_tokens=n, temperature=0.0)
   active_B = jnp.ones((batch,), bool)
   key = jax.random.key(0)
@@ -165,7 +165,7 @@ def decode_step_ms(model, batch, prompt, new=80, iters=3):
     start = time.perf_counter()
     jax.block_until_ready(
         sampling.extend(
-            graphdef, params, fresh, last_Bx1, np.ones_like(last_Bx1), active_B, key, **opts(n)
+            graphdef, params, fresh, last_Bx1, np.ones_like(last_Bx1), active_B, key, **opts(n - 1)
         )
     )
     return time.perf_counter() - start
@@ -226,7 +226,7 @@ def _print_contexts(model, batches, contexts, new):
     for prompt in [int(t) for t in contexts.split(",")]:
       ms = decode_step_ms(model, batch, prompt, new)
       first = first or ms
-      slots = sampling.bucket(prompt) + sampling.bucket(new)
+      slots = sampling.generate_capacity(prompt, new)
       print(
           f"| {batch} | {prompt} | {slots} | {ms:.1f} | {batch * 1e3 / ms:,.0f} | "
           f"{ms / first:.2f} |",
