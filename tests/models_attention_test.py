@@ -5,6 +5,8 @@ length masks with the XLA kernel, splash in Pallas interpret mode) must equal a 
 over the visible keys, with left padding, right padding, GQA and sequences that span blocks.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -83,9 +85,18 @@ def test_gradients_equal_across_kernels(kernel):
     np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=5e-5, rtol=5e-5)
 
 
-def test_cached_attention_with_holes_matches_reference():
+@pytest.mark.parametrize(
+    "t,group_bytes",
+    [
+        (1, None),  # a decode step: keys-first matmuls
+        (3, None),  # a prefill: queries first, the whole batch at once
+        (3, 1),  # a prefill in groups of one row (lax.map on CPU)
+    ],
+)
+def test_cached_attention_with_holes_matches_reference(t, group_bytes):
   """Cache attention in the [B, K, S, Dh] layout: holes (mask 0 mid-row) are never seen."""
-  b, t, s, h, k, dh = 2, 3, 12, 4, 2, 8
+  cached_attention = functools.partial(attention.cached_attention, group_bytes=group_bytes)
+  b, s, h, k, dh = 4, 12, 4, 2, 8
   keys = jax.random.split(jax.random.key(2), 3)
   q = jax.random.normal(keys[0], (b, t, h, dh))
   k_BxKxSxDh = jax.random.normal(keys[1], (b, k, s, dh))
@@ -93,13 +104,17 @@ def test_cached_attention_with_holes_matches_reference():
   key_mask = np.ones((b, s), bool)
   key_mask[0, [1, 4, 5]] = False
   key_mask[1, :3] = False
-  end = 6  # the three queries sit at slots 6, 7, 8
+  key_mask[3, 2:5] = False
+  end = 6  # the queries sit at slots 6, 7, 8
   query_slot = np.broadcast_to(end + np.arange(t), (b, t))
   visible = attention.cache_mask(jnp.asarray(key_mask), jnp.asarray(query_slot))
-  out = attention.cached_attention(q, k_BxKxSxDh, v_BxKxSxDh, visible)
+  out = cached_attention(q, k_BxKxSxDh, v_BxKxSxDh, visible)
   ref = _reference(q, k_BxKxSxDh.transpose(0, 2, 1, 3), v_BxKxSxDh.transpose(0, 2, 1, 3), visible)
   np.testing.assert_allclose(np.asarray(out), ref, atol=2e-5, rtol=2e-5)
   assert not np.asarray(visible)[0, 0, [1, 4, 5, 7]].any() and np.asarray(visible)[0, 0, 6]
+  # On CPU a prefill whose scores exceed the budget maps over groups of rows (here one each).
+  jaxpr = str(jax.make_jaxpr(cached_attention)(q, k_BxKxSxDh, v_BxKxSxDh, visible))
+  assert ("scan[" in jaxpr) == (group_bytes is not None)
 
 
 @pytest.mark.parametrize(

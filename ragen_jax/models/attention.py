@@ -191,18 +191,58 @@ def _splash(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh, key_mask_BxT, interpret):
   return out_BxTxHxDh.astype(v_BxTxKxDh.dtype)
 
 
-def cached_attention(q_BxTxHxDh, k_BxKxSxDh, v_BxKxSxDh, mask_BxTxS):
+def cached_attention(q_BxTxHxDh, k_BxKxSxDh, v_BxKxSxDh, mask_BxTxS, group_bytes=None):
   """Grouped-query attention over a cache in its [B, K, S, Dh] layout; out_BxTxHxDh.
 
   Query head h uses kv head h // G (transformers' repeat_kv order); kv heads are never
   repeated in memory. Scores and softmax in float32.
 
-  Both matmuls take the cache as their left operand in its stored layout (keys [S, Dh] times
-  the queries [Dh, G*T]; the probabilities' transpose times values [S, Dh]), and the small
-  query side is the one transposed. Written as queries times keys transposed, XLA:CPU's
-  matmul library repacked the whole key cache every decode step: past ~1,000 slots that cost
-  more than the rest of the step together (BENCHMARKS.md, "The decode cliff").
+  A decode step (T = 1) takes the cache as the left operand of both matmuls in its stored
+  layout (keys [S, Dh] times the queries [Dh, G]; the probabilities' transpose times values
+  [S, Dh]): written as queries times keys transposed, XLA:CPU's matmul library repacked the
+  whole key cache every step, past ~1,000 slots more than the rest of the step together
+  (BENCHMARKS.md, "The decode cliff"). A prefill (T > 1) is a real matmul, queries times keys
+  transposed with the softmax over the minor axis; on CPU it runs over groups of rows whose
+  scores fit in cache (at most `group_bytes`, default _GROUP_SCORE_BYTES): its [B, K, G*T, S]
+  scores are memory-bound, ~100 MB a layer for a 128-token turn of 64 rows over 768 slots.
   """
+  b, t = q_BxTxHxDh.shape[:2]
+  if t == 1:
+    return _keys_first(q_BxTxHxDh, k_BxKxSxDh, v_BxKxSxDh, mask_BxTxS)
+  k, s = k_BxKxSxDh.shape[1], k_BxKxSxDh.shape[2]
+  per_row_bytes = q_BxTxHxDh.shape[2] * t * s * 4
+  group_bytes = _GROUP_SCORE_BYTES if group_bytes is None else group_bytes
+  return _row_groups(_queries_first, b, per_row_bytes, group_bytes)(
+      q_BxTxHxDh, k_BxKxSxDh, v_BxKxSxDh, mask_BxTxS
+  )
+
+
+# Scores per group of rows on CPU: 6-12 MB ran fastest for prefill shapes of the tiny model
+# (2 MB L2 per core); whole-batch 100 MB scores took 3x the time.
+_GROUP_SCORE_BYTES = 8 << 20
+
+
+def _row_groups(fn, b: int, per_row_bytes: int, group_bytes: int):
+  """fn over consecutive groups of rows in a `lax.map` on CPU (each group's scores within
+  group_bytes); fn itself elsewhere, where the batch is the device's parallelism."""
+  if jax.default_backend() != "cpu":
+    return fn
+  rows = max(1, min(b, group_bytes // max(per_row_bytes, 1)))
+  while b % rows:
+    rows -= 1
+  if rows == b:
+    return fn
+
+  def grouped(*args):
+    out = jax.lax.map(
+        lambda xs: fn(*xs), tuple(x.reshape((b // rows, rows) + x.shape[1:]) for x in args)
+    )
+    return out.reshape((b,) + out.shape[2:])
+
+  return grouped
+
+
+def _keys_first(q_BxTxHxDh, k_BxKxSxDh, v_BxKxSxDh, mask_BxTxS):
   b, t, h, dh = q_BxTxHxDh.shape
   k, s = k_BxKxSxDh.shape[1], k_BxKxSxDh.shape[2]
   g = h // k
@@ -218,6 +258,26 @@ def cached_attention(q_BxTxHxDh, k_BxKxSxDh, v_BxKxSxDh, mask_BxTxS):
   probs_BxKxSxM = jax.nn.softmax(scores_BxKxSxM, axis=2).astype(v_BxKxSxDh.dtype)
   out_BxKxMxDh = jnp.einsum(
       "bksm,bksd->bkmd", probs_BxKxSxM, v_BxKxSxDh, preferred_element_type=jnp.float32
+  )
+  out_BxTxHxDh = out_BxKxMxDh.reshape(b, k, g, t, dh).transpose(0, 3, 1, 2, 4).reshape(b, t, h, dh)
+  return out_BxTxHxDh.astype(v_BxKxSxDh.dtype)
+
+
+def _queries_first(q_BxTxHxDh, k_BxKxSxDh, v_BxKxSxDh, mask_BxTxS):
+  b, t, h, dh = q_BxTxHxDh.shape
+  k, s = k_BxKxSxDh.shape[1], k_BxKxSxDh.shape[2]
+  g = h // k
+  q_BxKxMxDh = q_BxTxHxDh.reshape(b, t, k, g, dh).transpose(0, 2, 3, 1, 4).reshape(b, k, g * t, dh)
+  scores_BxKxMxS = jnp.einsum(
+      "bkmd,bksd->bkms", q_BxKxMxDh, k_BxKxSxDh, preferred_element_type=jnp.float32
+  ) * (dh**-0.5)
+  mask_Bx1xMxS = jnp.broadcast_to(mask_BxTxS[:, None, None], (b, 1, g, t, s)).reshape(
+      b, 1, g * t, s
+  )
+  scores_BxKxMxS = jnp.where(mask_Bx1xMxS, scores_BxKxMxS, _MASK_VALUE)
+  probs_BxKxMxS = jax.nn.softmax(scores_BxKxMxS, axis=-1).astype(v_BxKxSxDh.dtype)
+  out_BxKxMxDh = jnp.einsum(
+      "bkms,bksd->bkmd", probs_BxKxMxS, v_BxKxSxDh, preferred_element_type=jnp.float32
   )
   out_BxTxHxDh = out_BxKxMxDh.reshape(b, k, g, t, dh).transpose(0, 3, 1, 2, 4).reshape(b, t, h, dh)
   return out_BxTxHxDh.astype(v_BxKxSxDh.dtype)
