@@ -13,7 +13,8 @@ has stopped. A row stops on a stop token id, on a stop token sequence (e.g. the 
 "</answer>" when it is several tokens), or after `max_new_tokens`; later slots hold `pad_id`.
 
 `extend` is the same program over an existing cache (the multi-turn rollout appends each new
-user turn to it); `compact` squeezes the holes out of a cache. Cache slots: a decode step of a
+user turn to it); `prefill_shared` puts a prompt every row shares into an empty cache at the cost
+of one row; `compact` squeezes the holes out of a cache. Cache slots: a decode step of a
 row that has stopped writes a padding slot (mask 0), so a cache may hold holes; positions count
 only real slots, so holes never change the logits.
 
@@ -389,6 +390,31 @@ def extend(
     raise ValueError(f"{need} slots needed but the cache (window) has {limit}")
   return _decode_jit(
       graphdef, params, cache, ids_BxT, mask_BxT, active_B, key, window=window, **opts
+  )
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("cache",))
+def prefill_shared(graphdef, params, cache: models.KVCache, ids_1xT, mask_1xT, rows_B):
+  """An empty cache with one prompt prefilled once, at batch 1, in the first T slots of each
+  row in rows_B (others stay empty); end_index T.
+
+  What every episode's first prompt shares (the system prompt) costs one row's prefill, not
+  B; each row's own tokens then follow with `extend`. The keys and values are a row's own:
+  positions count real slots, so the copies sit where a row's prefill would have put them.
+  """
+  model = nnx.merge(graphdef, params)
+  t = ids_1xT.shape[1]
+  one = models.init_cache(model.config, 1, t, cache.k_LxBxKxSxDh.dtype)
+  _, one = model.backbone(ids_1xT, mask_1xT, cache=one)
+  b = cache.mask_BxS.shape[0]
+  put = lambda full, part: jax.lax.dynamic_update_slice(
+      full, jnp.broadcast_to(part, full.shape[:1] + (b,) + part.shape[2:]), (0,) * full.ndim
+  )
+  return models.KVCache(
+      k_LxBxKxSxDh=put(cache.k_LxBxKxSxDh, one.k_LxBxKxSxDh),
+      v_LxBxKxSxDh=put(cache.v_LxBxKxSxDh, one.v_LxBxKxSxDh),
+      mask_BxS=jax.lax.dynamic_update_slice(cache.mask_BxS, one.mask_BxS & rows_B[:, None], (0, 0)),
+      end_index=jnp.int32(t),
   )
 
 

@@ -23,6 +23,7 @@ from ragen_jax import sampling
 from ragen_jax import tokenizers
 from ragen_jax.envs import sokoban
 from ragen_jax.rollout import env_batch
+from ragen_jax.rollout import policies
 
 TOK = tokenizers.load("sentencepiece")
 
@@ -55,9 +56,15 @@ def segments(mask_row):
   return list(zip(edges[::2], edges[1::2]))
 
 
-def test_logprobs_equal_a_full_forward_over_the_final_sequences(model):
+def test_logprobs_equal_a_full_forward_over_the_final_sequences(model, monkeypatch):
+  shared = []  # the first prompts' common system prompt is prefilled once, at batch 1
+  prefill_shared = sampling.prefill_shared
+  monkeypatch.setattr(
+      sampling, "prefill_shared", lambda *a: shared.append(a[3].shape) or prefill_shared(*a)
+  )
   engine = rollout.Rollout(envs.make("sokoban"), TOK, small_config())
   result = engine.run(model, jax.random.key(1), seed=123)
+  assert len(shared) == 1 and shared[0][0] == 1
   batch = result.batch
   tokens, mask = np.asarray(batch.tokens_BxT), np.asarray(batch.attention_mask_BxT)
   loss, lp = np.asarray(batch.loss_mask_BxT), np.asarray(batch.logprobs_BxT)
@@ -124,9 +131,57 @@ def test_context_limit_stops_before_a_turn_and_is_counted(model):
 def test_new_turns_and_batches_do_not_recompile(model):
   engine = rollout.Rollout(envs.make("sokoban"), TOK, small_config())
   engine.run(model, jax.random.key(4), seed=11)
-  before = (sampling._decode_jit._cache_size(), sampling.compact._cache_size())
+  programs = lambda: [
+      f._cache_size() for f in (sampling._decode_jit, sampling.compact, sampling.prefill_shared)
+  ]
+  before = programs()
   engine.run(model, jax.random.key(5), seed=11)
-  assert (sampling._decode_jit._cache_size(), sampling.compact._cache_size()) == before
+  assert programs() == before
+
+
+def test_a_shared_prefix_plays_as_the_whole_prompts(model, monkeypatch):
+  """The first prompts' common beginning prefilled once and copied to every row: the same
+  episodes, tokens and log-probs as each row prefilling its whole prompt (same key)."""
+  config = small_config()
+  play = lambda: rollout.Rollout(envs.make("sokoban"), TOK, config).run(
+      model, jax.random.key(6), seed=40
+  )
+  shared = play()
+  monkeypatch.setattr(policies, "split_shared_prefix", lambda *a: None)
+  whole = play()
+  np.testing.assert_array_equal(shared.batch.tokens_BxT, whole.batch.tokens_BxT)
+  np.testing.assert_array_equal(shared.batch.loss_mask_BxT, whole.batch.loss_mask_BxT)
+  np.testing.assert_allclose(shared.batch.logprobs_BxT, whole.batch.logprobs_BxT, atol=2e-5)
+
+
+def test_split_shared_prefix_by_hand():
+  pad, c = -1, 256
+  common = np.arange(100, 170)  # 70 tokens
+  prompts = {0: [*common, 1, 2], 1: [*common, 3], 3: [*common, 4, 5, 6]}  # row 2 inactive
+  ids = np.full((4, c), pad, np.int32)
+  mask = np.zeros((4, c), np.int32)
+  for i, p in prompts.items():
+    ids[i, c - len(p) :], mask[i, c - len(p) :] = p, 1
+  ids[2, -5:] = 7  # an inactive row's tokens are ignored
+  active = np.array([True, True, False, True])
+  prefix, prefix_mask, rest, rest_mask = policies.split_shared_prefix(ids, mask, active, pad)
+  assert prefix.shape == prefix_mask.shape == (1, 128)  # bucket(70)
+  np.testing.assert_array_equal(prefix[0, -70:], common)
+  assert prefix_mask.sum() == 70 and prefix_mask[0, -70:].all()
+  assert rest.shape == (4, 16)  # bucket(3)
+  np.testing.assert_array_equal(rest[:, -3:], [[pad, 1, 2], [pad, pad, 3], [pad] * 3, [4, 5, 6]])
+  np.testing.assert_array_equal(rest_mask.sum(1), [2, 1, 0, 3])
+  # Identical prompts: every row keeps its last token.
+  same = policies.split_shared_prefix(ids[[0, 0]], mask[[0, 0]], active[:2], pad)
+  assert same[0][0, -71:].tolist() == [*common, 1] and same[2][:, -1].tolist() == [2, 2]
+  # In 128 slots the 70 tokens (128 + 16 slots) do not fit; the first 64 (64 + 16) do.
+  narrow = policies.split_shared_prefix(ids[:, -128:], mask[:, -128:], active, pad)
+  np.testing.assert_array_equal(narrow[0], [common[:64]])
+  np.testing.assert_array_equal(narrow[2][3, -9:], [*common[64:], 4, 5, 6])
+  # Not worth it or not smaller: None.
+  assert policies.split_shared_prefix(ids, mask, active, pad, min_prefix=71) is None
+  assert policies.split_shared_prefix(ids[:, -73:], mask[:, -73:], active, pad) is None
+  assert policies.split_shared_prefix(ids, mask, np.array([1, 0, 0, 0], bool), pad) is None
 
 
 class Script:

@@ -111,6 +111,18 @@ class LLMPolicy:
     )
     if inputs.turn > 1:
       self.cache = sampling.compact(self.cache, jnp.asarray(active_B))
+    elif not self.rows.split:  # a split batch's other rows are not on this host to compare
+      shared = split_shared_prefix(ids_BxC, mask_BxC, active_B, self.options["pad_id"])
+      if shared is not None:
+        prefix_1xP, prefix_mask_1xP, ids_BxC, mask_BxC = shared
+        self.cache = sampling.prefill_shared(
+            self.graphdef,
+            self.params,
+            self.cache,
+            prefix_1xP,
+            prefix_mask_1xP,
+            jnp.asarray(active_B),
+        )
     # The context check guarantees the fit; extend() raises loudly otherwise.
     window = sampling.window_for(
         int(self.cache.end_index) + ids_BxC.shape[1] + self.options["max_new_tokens"],
@@ -128,6 +140,46 @@ class LLMPolicy:
         **self.options,
     )
     return Replies(*self.rows.to_local(out))
+
+
+def split_shared_prefix(ids_BxC, mask_BxC, active_B, pad_id: int, min_prefix: int = 64):
+  """The first prompts' common beginning and each row's rest, when sharing it pays.
+
+  Returns (prefix_1xP, its mask, rest_BxR, its mask), each left-padded to its `sampling.bucket`,
+  or None: fewer than two active rows, or no prefix of at least `min_prefix` tokens whose two
+  parts fit the whole prompts' C slots. Of those that fit, the longest prefix: the rows' own
+  prefill is what costs. Every row keeps at least one token of its own (its first sample reads
+  the last one's logits).
+  """
+  rows = {int(i): ids_BxC[i][mask_BxC[i] > 0] for i in np.flatnonzero(active_B)}
+  if len(rows) < 2:
+    return None
+  n = min(len(r) for r in rows.values()) - 1
+  first_N = np.stack([r[:n] for r in rows.values()])
+  same_N = np.all(first_N == first_N[0], axis=0)
+  common = n if same_N.all() else int(np.argmin(same_N))
+  longest = max(len(r) for r in rows.values())
+  # The common length itself, or a bucket size below it (no padding in the prefix's slots).
+  sizes = [common] + [v for v in (16, 32, 64, *range(128, common, 128)) if v < common]
+  fits = [
+      q
+      for q in sizes
+      if q >= min_prefix and sampling.bucket(q) + sampling.bucket(longest - q) <= ids_BxC.shape[1]
+  ]
+  if not fits:
+    return None
+  p = max(fits)
+  wp, wr = sampling.bucket(p), sampling.bucket(longest - p)
+  prefix_1xP = np.full((1, wp), pad_id, np.int32)
+  prefix_1xP[0, wp - p :] = first_N[0, :p]
+  prefix_mask_1xP = np.zeros((1, wp), np.int32)
+  prefix_mask_1xP[0, wp - p :] = 1
+  rest_BxR = np.full((len(active_B), wr), pad_id, np.int32)
+  rest_mask_BxR = np.zeros((len(active_B), wr), np.int32)
+  for i, r in rows.items():
+    rest_BxR[i, wr - (len(r) - p) :] = r[p:]
+    rest_mask_BxR[i, wr - (len(r) - p) :] = 1
+  return prefix_1xP, prefix_mask_1xP, rest_BxR, rest_mask_BxR
 
 
 class ScriptedPolicy:
