@@ -160,7 +160,7 @@ class TrainerSpec:
   save_every: PositiveInt = 10  # checkpoint every N steps (and at the end)
   keep_checkpoints: PositiveInt = 3  # newest checkpoints kept
   sample_trajectories: NonNegativeInt = 3  # validation trajectories logged as text each time
-  pad_multiple: PositiveInt = 256  # training sequences padded to a multiple of this, so the
+  pad_multiple: PositiveInt = 128  # training sequences padded to a multiple of this, so the
   # train step compiles once per length bucket
 
   def __post_init__(self):
