@@ -5,8 +5,9 @@ One implementation serves the Qwen2, Qwen3 and Llama 3.x families: the config's
 say which parameters exist and how q and k are computed; the class names stay Qwen2.
 
 Layers are stacked: every per-layer parameter carries a leading L axis and the
-forward pass is one `lax.scan`, so compile time does not grow with depth and
-the KV cache is a single [L, ...] array per tensor. Use the modules
+forward pass is one `lax.scan` (up to UNROLLED_LAYERS layers, the cache-free pass
+runs them unrolled), so compile time does not grow with depth and the KV cache is
+a single [L, ...] array per tensor. Use the modules
 functionally (`nnx.split` -> pure function under `jax.jit` -> `nnx.merge`).
 
 Dimension legend: B batch, T new tokens, S cache capacity (keys), L layers,
@@ -34,6 +35,11 @@ from ragen_jax.models.config import get_config
 from ragen_jax.models.config import ModelConfig
 
 _INIT_STD = 0.02  # transformers' initializer_range for Qwen2.
+# The cache-free pass (training) of a model this shallow runs its layers as straight-line code:
+# under `lax.scan` every layer's saved activations (attention probabilities included) were
+# copied into and out of stacked buffers for the backward, 15% of the tiny model's update on
+# CPU (BENCHMARKS.md). Deeper models scan, so compile time stays flat with depth.
+UNROLLED_LAYERS = 8
 
 
 @struct.dataclass
@@ -195,8 +201,8 @@ class DecoderLayers(nnx.Module):
 def _decoder_layer(c: ModelConfig, p: dict[str, jax.Array], x_BxTxD, positions_BxT, attend):
   """One pre-norm decoder layer; `p` holds that layer's slice of the stack.
 
-  The one layer of every pass: training and prefill run it under the layer scan, decoding in an
-  unrolled loop. `attend(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh)` -> (attn_BxTxHxDh, aux) is where
+  The one layer of every pass: training (unrolled up to UNROLLED_LAYERS) and a KVCache's prefill
+  run it under the layer scan, a sampler's prefill and decoding in an unrolled loop. `attend(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh)` -> (attn_BxTxHxDh, aux) is where
   they differ (self-attention, or a cache write then attention over the cache).
 
   Returns:
@@ -289,7 +295,7 @@ class Decoder(nnx.Module):
 
     Without a cache the T tokens attend causally to each other through `model.attention`'s
     kernel; with one they are written at its end_index and attend over its slots. A KVCache
-    runs the layers under `lax.scan`; a LayerCache (a sampler call's, for its prefill and decode
+    (and no cache, past UNROLLED_LAYERS layers) runs the layers under `lax.scan`; a LayerCache (a sampler call's, for its prefill and decode
     loop) unrolls them, so each layer updates its own buffer in place with the weights the cache
     carries.
     """
@@ -346,9 +352,15 @@ class Decoder(nnx.Module):
 
       if c.remat:
         layer = jax.checkpoint(layer, prevent_cse=False)
-      caches = (None, None) if cache is None else (cache.k_LxBxKxSxDh, cache.v_LxBxKxSxDh)
-      x_BxTxD, new_kv = jax.lax.scan(layer, x_BxTxD, (self.layers.stacked(), *caches))
-      new_cache = None if cache is None else KVCache(*new_kv, key_mask_BxS, end + t)
+      stacked = self.layers.stacked()
+      if cache is None and c.num_layers <= UNROLLED_LAYERS:
+        for i in range(c.num_layers):
+          x_BxTxD, _ = layer(x_BxTxD, (jax.tree.map(lambda a, i=i: a[i], stacked), None, None))
+        new_cache = None
+      else:
+        caches = (None, None) if cache is None else (cache.k_LxBxKxSxDh, cache.v_LxBxKxSxDh)
+        x_BxTxD, new_kv = jax.lax.scan(layer, x_BxTxD, (stacked, *caches))
+        new_cache = None if cache is None else KVCache(*new_kv, key_mask_BxS, end + t)
     return ops.rms_norm(x_BxTxD, self.final_norm[...], c.rms_norm_eps), new_cache
 
   def layer_weights(self) -> Tuple[Dict[str, jax.Array], ...]:
