@@ -20,11 +20,13 @@ seed and traceback.
 
 The cache is never re-encoded: turn t appends only [last sampled token] + the turn-end and new
 user text, so prefill cost per turn is the new text, not the whole history (counted in
-`summary["prefill_tokens_append"]` vs `["prefill_tokens_reencode"]`). Text is tokenised per
-segment (prompt, then each appended user turn) and the sequence in `batch` is exactly what the
-cache saw. When a reply ends without `<|im_end|>` (stopped on `</answer>` or the token cap), the
-engine appends `<|im_end|>` itself; those appended tokens, like all user text, have loss mask 0.
-The trained tokens are exactly the sampled tokens.
+`summary["prefill_tokens_append"]` vs `["prefill_tokens_reencode"]`), and what every first
+prompt shares (the system prompt) is prefilled once for the batch (`policies.LLMPolicy`; the
+counters count it per row). Text is tokenised per segment (prompt, then each appended user
+turn) and the sequence in `batch` is exactly what the cache saw. When a reply ends without
+`<|im_end|>` (stopped on `</answer>` or the token cap), the engine appends `<|im_end|>` itself;
+those appended tokens, like all user text, have loss mask 0. The trained tokens are exactly the
+sampled tokens.
 
 Context: when an episode's next turn would not fit `max_context` (history + new user turn +
 `max_new_tokens`), or one user turn exceeds `max_turn_tokens`, the episode stops before that
