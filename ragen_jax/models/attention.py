@@ -209,8 +209,8 @@ def cached_attention(q_BxTxHxDh, k_BxKxSxDh, v_BxKxSxDh, mask_BxTxS, group_bytes
   b, t = q_BxTxHxDh.shape[:2]
   if t == 1:
     return _keys_first(q_BxTxHxDh, k_BxKxSxDh, v_BxKxSxDh, mask_BxTxS)
-  k, s = k_BxKxSxDh.shape[1], k_BxKxSxDh.shape[2]
-  per_row_bytes = q_BxTxHxDh.shape[2] * t * s * 4
+  # Scores per row: H query heads x T queries x S slots, float32.
+  per_row_bytes = q_BxTxHxDh.shape[2] * t * k_BxKxSxDh.shape[2] * 4
   group_bytes = _GROUP_SCORE_BYTES if group_bytes is None else group_bytes
   return _row_groups(_queries_first, b, per_row_bytes, group_bytes)(
       q_BxTxHxDh, k_BxKxSxDh, v_BxKxSxDh, mask_BxTxS
