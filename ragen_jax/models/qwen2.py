@@ -202,8 +202,9 @@ def _decoder_layer(c: ModelConfig, p: dict[str, jax.Array], x_BxTxD, positions_B
   """One pre-norm decoder layer; `p` holds that layer's slice of the stack.
 
   The one layer of every pass: training (unrolled up to UNROLLED_LAYERS) and a KVCache's prefill
-  run it under the layer scan, a sampler's prefill and decoding in an unrolled loop. `attend(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh)` -> (attn_BxTxHxDh, aux) is where
-  they differ (self-attention, or a cache write then attention over the cache).
+  run it under the layer scan, a sampler's prefill and decoding in an unrolled loop.
+  `attend(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh)` -> (attn_BxTxHxDh, aux) is where they differ
+  (self-attention, or a cache write then attention over the cache).
 
   Returns:
     (x_BxTxD, aux from `attend`).
@@ -295,9 +296,9 @@ class Decoder(nnx.Module):
 
     Without a cache the T tokens attend causally to each other through `model.attention`'s
     kernel; with one they are written at its end_index and attend over its slots. A KVCache
-    (and no cache, past UNROLLED_LAYERS layers) runs the layers under `lax.scan`; a LayerCache (a sampler call's, for its prefill and decode
-    loop) unrolls them, so each layer updates its own buffer in place with the weights the cache
-    carries.
+    (and no cache, past UNROLLED_LAYERS layers) runs the layers under `lax.scan`; a LayerCache
+    (a sampler call's, for its prefill and decode loop) unrolls them, so each layer updates its
+    own buffer in place with the weights the cache carries.
     """
     c = self.config
     b, t = input_ids_BxT.shape
