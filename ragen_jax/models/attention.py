@@ -208,11 +208,12 @@ def cached_attention(q_BxTxHxDh, k_BxKxSxDh, v_BxKxSxDh, mask_BxTxS, group_bytes
   """
   b, t = q_BxTxHxDh.shape[:2]
   if t == 1:
-    return _keys_first(q_BxTxHxDh, k_BxKxSxDh, v_BxKxSxDh, mask_BxTxS)
+    return _over_cache(q_BxTxHxDh, k_BxKxSxDh, v_BxKxSxDh, mask_BxTxS, keys_first=True)
   # Scores per row: H query heads x T queries x S slots, float32.
   per_row_bytes = q_BxTxHxDh.shape[2] * t * k_BxKxSxDh.shape[2] * 4
   group_bytes = _GROUP_SCORE_BYTES if group_bytes is None else group_bytes
-  return _row_groups(_queries_first, b, per_row_bytes, group_bytes)(
+  queries_first = functools.partial(_over_cache, keys_first=False)
+  return _row_groups(queries_first, b, per_row_bytes, group_bytes)(
       q_BxTxHxDh, k_BxKxSxDh, v_BxKxSxDh, mask_BxTxS
   )
 
@@ -242,43 +243,34 @@ def _row_groups(fn, b: int, per_row_bytes: int, group_bytes: int):
   return grouped
 
 
-def _keys_first(q_BxTxHxDh, k_BxKxSxDh, v_BxKxSxDh, mask_BxTxS):
-  b, t, h, dh = q_BxTxHxDh.shape
-  k, s = k_BxKxSxDh.shape[1], k_BxKxSxDh.shape[2]
-  g = h // k
-  # M = G * T query columns per kv head, ordered (g, t).
-  q_BxKxDhxM = q_BxTxHxDh.reshape(b, t, k, g, dh).transpose(0, 2, 4, 3, 1).reshape(b, k, dh, g * t)
-  scores_BxKxSxM = jnp.einsum(
-      "bksd,bkdm->bksm", k_BxKxSxDh, q_BxKxDhxM, preferred_element_type=jnp.float32
-  ) * (dh**-0.5)
-  mask_Bx1xSxM = jnp.broadcast_to(
-      jnp.swapaxes(mask_BxTxS, 1, 2)[:, None, :, None, :], (b, 1, s, g, t)
-  ).reshape(b, 1, s, g * t)
-  scores_BxKxSxM = jnp.where(mask_Bx1xSxM, scores_BxKxSxM, _MASK_VALUE)
-  probs_BxKxSxM = jax.nn.softmax(scores_BxKxSxM, axis=2).astype(v_BxKxSxDh.dtype)
-  out_BxKxMxDh = jnp.einsum(
-      "bksm,bksd->bkmd", probs_BxKxSxM, v_BxKxSxDh, preferred_element_type=jnp.float32
-  )
-  out_BxTxHxDh = out_BxKxMxDh.reshape(b, k, g, t, dh).transpose(0, 3, 1, 2, 4).reshape(b, t, h, dh)
-  return out_BxTxHxDh.astype(v_BxKxSxDh.dtype)
+def _over_cache(q_BxTxHxDh, k_BxKxSxDh, v_BxKxSxDh, mask_BxTxS, keys_first: bool):
+  """The attention of `cached_attention`, its scores [B, K, S, M] (keys first) or [B, K, M, S].
 
-
-def _queries_first(q_BxTxHxDh, k_BxKxSxDh, v_BxKxSxDh, mask_BxTxS):
+  M = G * T query columns per kv head, ordered (g, t).
+  """
   b, t, h, dh = q_BxTxHxDh.shape
   k, s = k_BxKxSxDh.shape[1], k_BxKxSxDh.shape[2]
   g = h // k
   q_BxKxMxDh = q_BxTxHxDh.reshape(b, t, k, g, dh).transpose(0, 2, 3, 1, 4).reshape(b, k, g * t, dh)
-  scores_BxKxMxS = jnp.einsum(
-      "bkmd,bksd->bkms", q_BxKxMxDh, k_BxKxSxDh, preferred_element_type=jnp.float32
-  ) * (dh**-0.5)
   mask_Bx1xMxS = jnp.broadcast_to(mask_BxTxS[:, None, None], (b, 1, g, t, s)).reshape(
       b, 1, g * t, s
   )
-  scores_BxKxMxS = jnp.where(mask_Bx1xMxS, scores_BxKxMxS, _MASK_VALUE)
-  probs_BxKxMxS = jax.nn.softmax(scores_BxKxMxS, axis=-1).astype(v_BxKxSxDh.dtype)
-  out_BxKxMxDh = jnp.einsum(
-      "bkms,bksd->bkmd", probs_BxKxMxS, v_BxKxSxDh, preferred_element_type=jnp.float32
-  )
+  if keys_first:  # the cache is the left operand, the small query side the one transposed
+    scores = jnp.einsum(
+        "bksd,bkdm->bksm",
+        k_BxKxSxDh,
+        jnp.swapaxes(q_BxKxMxDh, 2, 3),
+        preferred_element_type=jnp.float32,
+    )
+    mask, axis, out_spec = jnp.swapaxes(mask_Bx1xMxS, 2, 3), 2, "bksm,bksd->bkmd"
+  else:
+    scores = jnp.einsum(
+        "bkmd,bksd->bkms", q_BxKxMxDh, k_BxKxSxDh, preferred_element_type=jnp.float32
+    )
+    mask, axis, out_spec = mask_Bx1xMxS, 3, "bkms,bksd->bkmd"
+  scores = jnp.where(mask, scores * (dh**-0.5), _MASK_VALUE)
+  probs = jax.nn.softmax(scores, axis=axis).astype(v_BxKxSxDh.dtype)
+  out_BxKxMxDh = jnp.einsum(out_spec, probs, v_BxKxSxDh, preferred_element_type=jnp.float32)
   out_BxTxHxDh = out_BxKxMxDh.reshape(b, k, g, t, dh).transpose(0, 3, 1, 2, 4).reshape(b, t, h, dh)
   return out_BxTxHxDh.astype(v_BxKxSxDh.dtype)
 
