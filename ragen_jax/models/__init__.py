@@ -19,11 +19,11 @@ from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.config import num_params
 from ragen_jax.models.config import PRESETS
 from ragen_jax.models.config import RopeScaling
+from ragen_jax.models.kv_cache import init_cache
+from ragen_jax.models.kv_cache import KVCache
+from ragen_jax.models.kv_cache import LayerCache
 from ragen_jax.models.qwen2 import create
 from ragen_jax.models.qwen2 import critic_from_policy
 from ragen_jax.models.qwen2 import Decoder
-from ragen_jax.models.qwen2 import init_cache
-from ragen_jax.models.qwen2 import KVCache
-from ragen_jax.models.qwen2 import LayerCache
 from ragen_jax.models.qwen2 import Qwen2
 from ragen_jax.models.qwen2 import Qwen2Critic

@@ -1,4 +1,4 @@
-"""Qwen2 decoder in Flax NNX: causal LM, critic, and a static-shape KV cache.
+"""Qwen2 decoder in Flax NNX: causal LM and critic, over the KV caches of models/kv_cache.py.
 
 One implementation serves the Qwen2, Qwen3 and Llama 3.x families: the config's
 `attention_bias` (Qwen2's q/k/v biases), `qk_norm` (Qwen3) and `rope_scaling` (Llama 3.1+)
@@ -23,7 +23,6 @@ import itertools
 import math
 from typing import Dict, Tuple
 
-from flax import struct
 from flax import nnx
 import jax
 import jax.numpy as jnp
@@ -33,6 +32,8 @@ from ragen_jax.models import layers as ops
 from ragen_jax.models import lora
 from ragen_jax.models.config import get_config
 from ragen_jax.models.config import ModelConfig
+from ragen_jax.models.kv_cache import KVCache
+from ragen_jax.models.kv_cache import LayerCache
 
 _INIT_STD = 0.02  # transformers' initializer_range for Qwen2.
 # The cache-free pass (training) of a model this shallow runs its layers as straight-line code:
@@ -40,93 +41,6 @@ _INIT_STD = 0.02  # transformers' initializer_range for Qwen2.
 # copied into and out of stacked buffers for the backward, 15% of the tiny model's update on
 # CPU (BENCHMARKS.md). Deeper models scan, so compile time stays flat with depth.
 UNROLLED_LAYERS = 8
-
-
-@struct.dataclass
-class KVCache:
-  """Keys and values of all layers, written in place at `end_index`.
-
-  Kv heads come before slots ([B, K, S, Dh] per layer), the layout decoding reads one query at
-  a time from without a transpose per step.
-
-  Attributes:
-    k_LxBxKxSxDh: rotated keys.
-    v_LxBxKxSxDh: values.
-    mask_BxS: True for slots that hold a real (non-padding) token.
-    end_index: int32 scalar, the slot the next token is written to.
-  """
-
-  k_LxBxKxSxDh: jax.Array
-  v_LxBxKxSxDh: jax.Array
-  mask_BxS: jax.Array
-  end_index: jax.Array
-
-  @property
-  def capacity(self) -> int:
-    return self.mask_BxS.shape[1]
-
-  def per_layer(self, window: int, weights: Tuple[Dict[str, jax.Array], ...]) -> "LayerCache":
-    """The first `window` slots as one array per layer (the rest must stay empty meanwhile),
-    beside `weights`, the decoder's `layer_weights()`."""
-    split = lambda a: tuple(a[layer, :, :, :window] for layer in range(a.shape[0]))
-    return LayerCache(
-        split(self.k_LxBxKxSxDh),
-        split(self.v_LxBxKxSxDh),
-        self.mask_BxS[:, :window],
-        self.end_index,
-        weights,
-    )
-
-
-@struct.dataclass
-class LayerCache:
-  """A KVCache (or its first slots) held as one [B, K, S, Dh] array per layer, with each
-  layer's weights.
-
-  What a decode loop carries: each step updates a layer's buffer in place and reads it whole,
-  where slicing a layer out of one stacked buffer would copy it every step, and the attention
-  costs the window, not the whole capacity. The weights likewise (`Decoder.layer_weights`).
-  """
-
-  k_layers: Tuple[jax.Array, ...]  # L arrays of [B, K, S, Dh]
-  v_layers: Tuple[jax.Array, ...]
-  mask_BxS: jax.Array
-  end_index: jax.Array
-  weights: Tuple[Dict[str, jax.Array], ...]  # L dicts of one layer's parameters
-
-  @property
-  def capacity(self) -> int:
-    return self.mask_BxS.shape[1]
-
-  def into(self, cache: KVCache) -> KVCache:
-    """`cache` with its first slots replaced by these."""
-    put = lambda full, part: jax.lax.dynamic_update_slice(full, part, (0,) * full.ndim)
-    return KVCache(
-        put(cache.k_LxBxKxSxDh, jnp.stack(self.k_layers)),
-        put(cache.v_LxBxKxSxDh, jnp.stack(self.v_layers)),
-        put(cache.mask_BxS, self.mask_BxS),
-        self.end_index,
-    )
-
-
-def init_cache(config: ModelConfig, batch: int, capacity: int, dtype=None) -> KVCache:
-  """Returns an empty cache for `batch` sequences of up to `capacity` tokens.
-
-  Args:
-    config: the model config.
-    batch: B.
-    capacity: S, total prompt plus generated tokens. Writing past it is not
-      checked under jit (dynamic_update_slice clamps), so size it generously.
-    dtype: storage dtype of k and v; defaults to config.dtype.
-  """
-  shape = (config.num_layers, batch, config.num_kv_heads, capacity, config.head_dim)
-  dtype = config.dtype if dtype is None else dtype
-  return KVCache(
-      k_LxBxKxSxDh=jnp.zeros(shape, dtype),
-      v_LxBxKxSxDh=jnp.zeros(shape, dtype),
-      mask_BxS=jnp.zeros((batch, capacity), bool),
-      end_index=jnp.zeros((), jnp.int32),
-  )
 
 
 def _param(value, axes, dtype):

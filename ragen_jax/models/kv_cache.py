@@ -1,0 +1,100 @@
+"""The decoder's KV caches: one stacked [L, B, K, S, Dh] buffer per tensor (`KVCache`), or one
+array per layer beside that layer's weights (`LayerCache`, what a sampler call carries).
+
+Dimension legend: B batch, S cache capacity (slots), L layers, K kv heads, Dh head dim.
+"""
+
+from typing import Dict, Tuple
+
+from flax import struct
+import jax
+import jax.numpy as jnp
+
+from ragen_jax.models.config import ModelConfig
+
+
+@struct.dataclass
+class KVCache:
+  """Keys and values of all layers, written in place at `end_index`.
+
+  Kv heads come before slots ([B, K, S, Dh] per layer), the layout decoding reads one query at
+  a time from without a transpose per step.
+
+  Attributes:
+    k_LxBxKxSxDh: rotated keys.
+    v_LxBxKxSxDh: values.
+    mask_BxS: True for slots that hold a real (non-padding) token.
+    end_index: int32 scalar, the slot the next token is written to.
+  """
+
+  k_LxBxKxSxDh: jax.Array
+  v_LxBxKxSxDh: jax.Array
+  mask_BxS: jax.Array
+  end_index: jax.Array
+
+  @property
+  def capacity(self) -> int:
+    return self.mask_BxS.shape[1]
+
+  def per_layer(self, window: int, weights: Tuple[Dict[str, jax.Array], ...]) -> "LayerCache":
+    """The first `window` slots as one array per layer (the rest must stay empty meanwhile),
+    beside `weights`, the decoder's `layer_weights()`."""
+    split = lambda a: tuple(a[layer, :, :, :window] for layer in range(a.shape[0]))
+    return LayerCache(
+        split(self.k_LxBxKxSxDh),
+        split(self.v_LxBxKxSxDh),
+        self.mask_BxS[:, :window],
+        self.end_index,
+        weights,
+    )
+
+
+@struct.dataclass
+class LayerCache:
+  """A KVCache (or its first slots) held as one [B, K, S, Dh] array per layer, with each
+  layer's weights.
+
+  What a decode loop carries: each step updates a layer's buffer in place and reads it whole,
+  where slicing a layer out of one stacked buffer would copy it every step, and the attention
+  costs the window, not the whole capacity. The weights likewise (`Decoder.layer_weights`).
+  """
+
+  k_layers: Tuple[jax.Array, ...]  # L arrays of [B, K, S, Dh]
+  v_layers: Tuple[jax.Array, ...]
+  mask_BxS: jax.Array
+  end_index: jax.Array
+  weights: Tuple[Dict[str, jax.Array], ...]  # L dicts of one layer's parameters
+
+  @property
+  def capacity(self) -> int:
+    return self.mask_BxS.shape[1]
+
+  def into(self, cache: KVCache) -> KVCache:
+    """`cache` with its first slots replaced by these."""
+    put = lambda full, part: jax.lax.dynamic_update_slice(full, part, (0,) * full.ndim)
+    return KVCache(
+        put(cache.k_LxBxKxSxDh, jnp.stack(self.k_layers)),
+        put(cache.v_LxBxKxSxDh, jnp.stack(self.v_layers)),
+        put(cache.mask_BxS, self.mask_BxS),
+        self.end_index,
+    )
+
+
+def init_cache(config: ModelConfig, batch: int, capacity: int, dtype=None) -> KVCache:
+  """Returns an empty cache for `batch` sequences of up to `capacity` tokens.
+
+  Args:
+    config: the model config.
+    batch: B.
+    capacity: S, total prompt plus generated tokens. Writing past it is not
+      checked under jit (dynamic_update_slice clamps), so size it generously.
+    dtype: storage dtype of k and v; defaults to config.dtype.
+  """
+  shape = (config.num_layers, batch, config.num_kv_heads, capacity, config.head_dim)
+  dtype = config.dtype if dtype is None else dtype
+  return KVCache(
+      k_LxBxKxSxDh=jnp.zeros(shape, dtype),
+      v_LxBxKxSxDh=jnp.zeros(shape, dtype),
+      mask_BxS=jnp.zeros((batch, capacity), bool),
+      end_index=jnp.zeros((), jnp.int32),
+  )
