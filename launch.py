@@ -1,7 +1,7 @@
 r"""Trains an agent: python launch.py --config=configs/sokoban_ppo.py [--workdir=DIR]
 
 Overrides: --config.section.key=value (e.g. --config.trainer.total_steps=100); a key that does
-not exist fails at once with the valid keys named. Variants (ragen_jax/config_sections.py),
+not exist fails at once with the valid keys named. Variants (ragen_jax/config/variants.py),
 joined by commas: configs/sokoban_ppo.py:smoke, configs/sokoban_ppo.py:model=qwen2.5-3b,hw=h100
 --config.model.checkpoint=/path/to/Qwen2.5-3B-Instruct (or the shorthand :qwen2.5-3b-h100).
 Running the same command again resumes from the workdir's latest checkpoint; a config changed
@@ -15,22 +15,16 @@ Multi-process: the same command on every process, with --coordinator_address=hos
 JAX_COORDINATOR_ADDRESS set (ragen_jax/distributed.py; scripts in experiments/launch/).
 """
 
-import os
-import sys
-
 from absl import app
 from absl import flags
 from absl import logging
-from ml_collections import config_flags
 
 from ragen_jax import distributed
+from ragen_jax.config import cli
 from ragen_jax.train import launch_utils
 from ragen_jax.train import trainer
 
-_DEFAULT_CONFIG = "configs/sokoban_ppo.py"
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", _DEFAULT_CONFIG, "Experiment config file.", lock_config=True
-)
+_CONFIG = cli.define_config_flag("configs/sokoban_ppo.py")
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Run directory (default: runs/<config name>[_<variant>])."
 )
@@ -50,14 +44,6 @@ _ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
 )
 
 
-def _default_workdir(argv) -> str:
-  spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), _DEFAULT_CONFIG)
-  path, _, variant = spec.partition(":")
-  name = os.path.splitext(os.path.basename(path))[0]
-  variant = variant.replace("=", "-").replace(",", "_")  # model=qwen2.5-3b,hw=h100
-  return os.path.join("runs", name + (f"_{variant}" if variant else ""))
-
-
 def main(argv):
   del argv
   distributed.initialize(
@@ -67,7 +53,7 @@ def main(argv):
       distributed.parse_device_ids(_LOCAL_DEVICES.value),
   )
   config = _CONFIG.value
-  workdir = _WORKDIR.value or _default_workdir(sys.argv)
+  workdir = _WORKDIR.value or cli.default_workdir(cli.config_spec(_CONFIG))
   launch_utils.log_start(config, workdir)
   try:
     summary = trainer.train(config, workdir, allow_config_change=_ALLOW_CONFIG_CHANGE.value)
@@ -82,5 +68,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  launch_utils.check_argv(sys.argv, default_config=_DEFAULT_CONFIG)
-  app.run(main)
+  app.run(main, flags_parser=cli.flags_parser(_CONFIG, launch_utils.fail))

@@ -7,7 +7,7 @@ random); RL should push the high-risk share (`val/success`) above 90%. Values ma
 differ from RAGEN's for a 1M-parameter model on 2 cores.
 """
 
-from ragen_jax import config_sections as cs
+from ragen_jax.config import sections as cs
 
 
 def get_config(arg=None):

@@ -10,7 +10,7 @@ expressions) before RL. Values marked "CPU:" differ from RAGEN's for a 1M-parame
 cores.
 """
 
-from ragen_jax import config_sections as cs
+from ragen_jax.config import sections as cs
 
 
 def get_config(arg=None):

@@ -12,7 +12,7 @@ CPU-bound environments). Values marked "CPU:" differ from RAGEN's for a 1M-param
 cores.
 """
 
-from ragen_jax import config_sections as cs
+from ragen_jax.config import sections as cs
 
 
 def get_config(arg=None):

@@ -7,7 +7,7 @@ Tiny model warm-started on shortest-path demonstrations (25% random actions); va
 "CPU:" differ from RAGEN's (shared/reference/ragen.md §3.4) for a 1M-parameter model on 2 cores.
 """
 
-from ragen_jax import config_sections as cs
+from ragen_jax.config import sections as cs
 
 
 def get_config(arg=None):

@@ -11,7 +11,7 @@ fine-tunes on the environment's expert (the reference answer) before RL. Values 
 differ from RAGEN's for a 1M-parameter model on 2 cores.
 """
 
-from ragen_jax import config_sections as cs
+from ragen_jax.config import sections as cs
 
 
 def get_config(arg=None):

@@ -4,7 +4,7 @@ groups in every batch, PPO with a separate critic; metrics per tag (`train/<tag>
   python launch.py --config=configs/mixed_ppo.py[:smoke]
 """
 
-from ragen_jax import config_sections as cs
+from ragen_jax.config import sections as cs
 
 
 def get_config(arg=None):

@@ -18,7 +18,7 @@ and knows nothing of Sokoban, so RL has the whole task to learn. Its other lever
 Values marked "CPU:" differ from RAGEN's for a 1M-parameter model on 2 cores.
 """
 
-from ragen_jax import config_sections as cs
+from ragen_jax.config import sections as cs
 
 
 def get_config(arg=None):

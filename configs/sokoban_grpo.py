@@ -3,7 +3,7 @@
 python launch.py --config=configs/sokoban_grpo.py[:smoke|:qwen2.5-0.5b]
 """
 
-from ragen_jax import config_sections as cs
+from ragen_jax.config import sections as cs
 
 
 def get_config(arg=None):

@@ -11,7 +11,7 @@ success is in the README's "Results"), then runs StarPO with StarPO-S's rollout 
 values (shared/reference/ragen.md §3.4) are kept except where marked "CPU:".
 """
 
-from ragen_jax import config_sections as cs
+from ragen_jax.config import sections as cs
 
 
 def get_config(arg=None):

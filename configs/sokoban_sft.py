@@ -7,7 +7,7 @@ the shipped warm start the RL configs begin from.)
   python -m ragen_jax.export --checkpoint=runs/sokoban_sft --out=/tmp/sokoban_sft_hf
 """
 
-from ragen_jax import config_sections as cs
+from ragen_jax.config import sections as cs
 
 
 def get_config(arg=None):

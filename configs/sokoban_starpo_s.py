@@ -4,7 +4,7 @@ variance, RAGEN v1's top-p 0.25), no KL, clip-higher 0.2 / 0.28, PPO with critic
   python launch.py --config=configs/sokoban_starpo_s.py[:smoke|:qwen2.5-0.5b]
 """
 
-from ragen_jax import config_sections as cs
+from ragen_jax.config import sections as cs
 
 
 def get_config(arg=None):

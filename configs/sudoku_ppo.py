@@ -13,7 +13,7 @@ solver's placements) before RL. Values marked "CPU:" differ from RAGEN's for a 1
 model on 2 cores.
 """
 
-from ragen_jax import config_sections as cs
+from ragen_jax.config import sections as cs
 
 
 def get_config(arg=None):

@@ -9,7 +9,7 @@ first. The tiny model starts from the shipped warm start and fine-tunes on the t
 before RL. Values marked "CPU:" differ from RAGEN's for a 1M-parameter model on 2 cores.
 """
 
-from ragen_jax import config_sections as cs
+from ragen_jax.config import sections as cs
 
 
 def get_config(arg=None):

@@ -11,7 +11,7 @@ This is how `ragen_jax/assets/tiny_warm_start` (the starting point of every tiny
 made; experiments/README.md records the run. Step 0's validation is the fine-tuned policy's success.
 """
 
-from ragen_jax import config_sections as cs
+from ragen_jax.config import sections as cs
 
 
 def get_config(arg=None):

@@ -41,8 +41,7 @@ import sys
 import time
 from typing import Dict, List, Sequence, Tuple
 
-from ragen_jax import config_sections
-from ragen_jax.train import launch_utils
+from ragen_jax.config import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -153,14 +152,12 @@ def _typed(old, text: str):
 
 
 def _load(run: Run, variant: str):
-  return launch_utils.load_config_file(
-      os.path.join(ROOT, run.config) + (f":{variant}" if variant else "")
-  )
+  return cli.load_config_file(os.path.join(ROOT, run.config) + (f":{variant}" if variant else ""))
 
 
 def _apply(config, run: Run):
   """`config` with `run`'s overrides set in place (unknown keys refused as launch.py refuses them)."""
-  config_sections.check_overrides(config, [f"--config.{k}={v}" for k, v in run.overrides])
+  cli.check_overrides(config, [f"--config.{k}={v}" for k, v in run.overrides])
   for key, text in run.overrides:
     *parents, leaf = key.split(".")
     node = config

@@ -28,9 +28,9 @@ import jax
 from ragen_jax import envs
 from ragen_jax import tokenizers
 from ragen_jax.rollout import prompts
-from ragen_jax.train import demos
-from ragen_jax.train import experiment
-from ragen_jax.train import launch_utils
+from ragen_jax.warm_start import demos
+from ragen_jax.config import schema
+from ragen_jax.config import cli
 from ragen_jax.train import validation
 
 _GRID = re.compile(r"Grid Map: *\n(.*?)\n(?:You have|$)", re.S)
@@ -114,7 +114,7 @@ def random_play_success(
 ) -> List[float]:
   """Success of uniformly random actions on the config's validation levels of `env_name`, per
   play (`random_prob` < 1 mixes in the expert's moves, as the demonstrations do)."""
-  exp = experiment.from_config(launch_utils.load_config_file(config_spec))
+  exp = schema.from_config(cli.load_config_file(config_spec))
   spec = next((e for e in exp.envs if e.name == env_name), None)
   if spec is None:
     raise ValueError(f"{config_spec} has no {env_name} environment")

@@ -18,7 +18,7 @@ import math
 from typing import Dict, List
 
 from ragen_jax import evaluate
-from ragen_jax.train import launch_utils
+from ragen_jax.config import cli
 
 
 def _success(config, model, tok, init: int, val: int) -> float:
@@ -55,7 +55,7 @@ def main(argv=None):
   parser.add_argument("--keys", type=int, default=8, help="sampling keys on the default levels")
   parser.add_argument("--level_sets", type=int, default=8, help="other sets of 64 levels")
   args = parser.parse_args(argv)
-  config = launch_utils.load_config_file(args.config)
+  config = cli.load_config_file(args.config)
   if list(config.envs.keys()) != ["sokoban"]:
     raise ValueError(f"{args.config}: a Sokoban-only config is expected, got {list(config.envs)}")
   rows: List[str] = []

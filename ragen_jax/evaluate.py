@@ -28,18 +28,16 @@ from absl import app
 from absl import flags
 from absl import logging
 import jax
-from ml_collections import config_flags
 
+from ragen_jax.config import cli
 from ragen_jax.models import checkpoint as hf_checkpoint
-from ragen_jax.train import experiment as experiment_lib
+from ragen_jax.config import schema
 from ragen_jax.train import launch_utils
 from ragen_jax.train import policy as policy_lib
 from ragen_jax.train import restore
 from ragen_jax.train import validation
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Experiment config file.", lock_config=True
-)
+_CONFIG = cli.define_config_flag(None)
 _CHECKPOINT = flags.DEFINE_string(
     "checkpoint",
     None,
@@ -63,7 +61,7 @@ def load_policy(config, checkpoint: Optional[str] = None):
     with config.unlocked():
       config.model.checkpoint = checkpoint
       config.sft.steps = 0
-  model, tok = policy_lib.build(experiment_lib.from_config(config))
+  model, tok = policy_lib.build(schema.from_config(config))
   return model, tok, config
 
 
@@ -105,7 +103,7 @@ def evaluate(
   """
   if model is None:
     model, tokenizer, config = load_policy(config, checkpoint)
-  exp = experiment_lib.from_config(config)
+  exp = schema.from_config(config)
   metrics, episodes = validation.run(exp, validation.engines(exp, tokenizer), model)
   metrics["val/num_episodes"] = len(episodes)
   if output:
@@ -126,4 +124,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.flags_parser(_CONFIG, launch_utils.fail))

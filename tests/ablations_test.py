@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from ragen_jax import logging_utils
-from ragen_jax.train import experiment
+from ragen_jax.config import schema
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from experiments import ablations  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -17,7 +17,7 @@ ALL_RUNS = [(study, run) for study, runs in ablations.STUDIES.items() for run in
 
 @pytest.mark.parametrize("study,run", ALL_RUNS, ids=[f"{s}-{r.name}" for s, r in ALL_RUNS])
 def test_every_run_is_a_valid_experiment(study, run):
-  exp = experiment.from_config(ablations.run_config(run))  # raises ValueError on a bad combination
+  exp = schema.from_config(ablations.run_config(run))  # raises ValueError on a bad combination
   assert exp.train_episodes > 0, study
 
 

@@ -134,7 +134,7 @@ def test_bfloat16_parameters_round_trip_exactly_and_other_dtypes_are_refused(
   restored, _ = ckpt.restore(jax.eval_shape(lambda: fresh))
   _assert_same(restored, state)  # bit for bit
   assert jax.tree.map(lambda x: x.dtype, restored) == jax.tree.map(lambda x: x.dtype, state)
-  # Restoring into a float32 run (another param_dtype, which config_drift refuses first) names
+  # Restoring into a float32 run (another param_dtype, which config.drift refuses first) names
   # the first entry whose dtype differs instead of converting.
   with pytest.raises(ValueError, match=r"does not fit this run: .* is bfloat16\[.*\] there but "):
     ckpt.restore(f32_state)

@@ -11,12 +11,12 @@ import ml_collections
 import pytest
 
 from ragen_jax import config_checks
-from ragen_jax import config_sections
+from ragen_jax.config import sections
 from ragen_jax import envs
 from ragen_jax.algos import PPOConfig
 from ragen_jax.envs import text
-from ragen_jax.train import experiment
-from ragen_jax.train import launch_utils
+from ragen_jax.config import schema
+from ragen_jax.config import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A grid environment and the three text environments, at the variant tests run.
@@ -24,7 +24,7 @@ SWEPT = ("sokoban_ppo", "text_mix_ppo")
 
 
 def load(name, variant="smoke"):
-  return launch_utils.load_config_file(os.path.join(ROOT, "configs", f"{name}.py:{variant}"))
+  return cli.load_config_file(os.path.join(ROOT, "configs", f"{name}.py:{variant}"))
 
 
 BASE = {name: load(name) for name in SWEPT}
@@ -60,7 +60,7 @@ def test_a_float_knob_that_is_not_finite_is_named(name, key):
   for bad in (math.nan, math.inf, -math.inf):
     pattern = rf"^config: {re.escape(key)} must be a finite number.*, got {re.escape(repr(bad))}$"
     with pytest.raises(ValueError, match=pattern):
-      experiment.from_config(with_value(name, key, bad))
+      schema.from_config(with_value(name, key, bad))
 
 
 def test_the_sweep_reaches_every_float_field_and_the_knobs_that_slipped_through():
@@ -78,9 +78,9 @@ def test_the_sweep_reaches_every_float_field_and_the_knobs_that_slipped_through(
       "envs.math.step_timeout_s",
   }
   # Independently of the config: each section's float fields, read off the dataclasses.
-  for section, (cls, exclude) in experiment.SECTIONS.items():
+  for section, (cls, exclude) in schema.SECTIONS.items():
     for name, annotation in typing.get_type_hints(cls).items():
-      if name in experiment.section_keys(cls, exclude) and float in (
+      if name in schema.section_keys(cls, exclude) and float in (
           annotation,
           *typing.get_args(annotation),
       ):
@@ -89,7 +89,7 @@ def test_the_sweep_reaches_every_float_field_and_the_knobs_that_slipped_through(
 
 def test_the_error_names_key_range_and_value():
   with pytest.raises(ValueError) as e:
-    experiment.from_config(with_value("sokoban_ppo", "ppo.actor_lr", math.inf))
+    schema.from_config(with_value("sokoban_ppo", "ppo.actor_lr", math.inf))
   assert str(e.value) == "config: ppo.actor_lr must be a finite number > 0, got inf"
   with pytest.raises(ValueError, match=r"^ppo\.clip_high must be a finite number > 0, got nan$"):
     PPOConfig(clip_high=math.nan)
@@ -98,7 +98,7 @@ def test_the_error_names_key_range_and_value():
 def test_validation_options_are_checked_under_their_own_key():
   config = with_value("sokoban_ppo", "envs.sokoban.val_options.solved_reward", math.nan)
   with pytest.raises(ValueError, match=r"^config: envs\.sokoban\.val_options\.solved_reward must"):
-    experiment.from_config(config)
+    schema.from_config(config)
 
 
 GOOD = [
@@ -134,7 +134,7 @@ GOOD = [
 
 @pytest.mark.parametrize("name, key, value", GOOD)
 def test_values_on_the_boundary_are_accepted(name, key, value):
-  exp = experiment.from_config(with_value(name, key, value))
+  exp = schema.from_config(with_value(name, key, value))
   section, _, leaf = key.partition(".")
   if section == "envs":
     tag, _, leaf = leaf.partition(".")
@@ -171,7 +171,7 @@ BAD = [
 def test_values_past_the_boundary_are_named(key, value, message):
   pattern = rf"^config: {re.escape(key)} {re.escape(message)}, got {re.escape(repr(value))}$"
   with pytest.raises(ValueError, match=pattern):
-    experiment.from_config(with_value("sokoban_ppo", key, value))
+    schema.from_config(with_value("sokoban_ppo", key, value))
 
 
 class _Annotated(text.TextEnv):
@@ -192,12 +192,12 @@ class _Annotated(text.TextEnv):
 
 def test_a_user_environment_gets_its_declared_ranges_checked_before_the_run(monkeypatch):
   monkeypatch.setitem(envs.registry.REGISTRY, "annotated", _Annotated)
-  config = config_sections.experiment(
-      "smoke", envs={"mine": config_sections.env("annotated", max_actions_per_traj=1)}
+  config = sections.experiment(
+      "smoke", envs={"mine": sections.env("annotated", max_actions_per_traj=1)}
   )
-  assert experiment.from_config(config).envs[0].make().new().bonus == 0.5
+  assert schema.from_config(config).envs[0].make().new().bonus == 0.5
   config.envs.mine.options.bonus = 2.0
   with pytest.raises(ValueError, match=r"^config: envs\.mine\.options\.bonus must .* \[0, 1\]"):
-    experiment.from_config(config)
+    schema.from_config(config)
   with pytest.raises(ValueError, match=r"^annotated\.bonus must be a finite number"):
     envs.make("annotated", bonus=math.nan)  # the API alone, without a config

@@ -9,15 +9,15 @@ from ragen_jax import diagnostics
 from ragen_jax import rollout as rollout_lib
 from ragen_jax.diagnostics import collapse
 from ragen_jax.diagnostics import turns as turns_lib
-from ragen_jax.train import experiment
-from ragen_jax.train import launch_utils
+from ragen_jax.config import schema
+from ragen_jax.config import cli
 from ragen_jax.train import policy as policy_lib
 
 
 @pytest.fixture(scope="module")
 def first_turns():
-  config = launch_utils.load_config_file("configs/sokoban_ppo.py:smoke")
-  exp = experiment.from_config(config)
+  config = cli.load_config_file("configs/sokoban_ppo.py:smoke")
+  exp = schema.from_config(config)
   model, tok = policy_lib.build(exp)  # the warm start: it restates the coordinates it is shown
   spec = exp.envs[0]
   rc = spec.rollout_config(exp.rollout, validation=False)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from ragen_jax.train import early_stop
+from ragen_jax.diagnostics import early_stop
 
 
 def _cfg(**kw):

@@ -4,10 +4,10 @@ import functools
 
 import pytest
 
-from ragen_jax import config_sections as cs
+from ragen_jax.config import sections as cs
 from ragen_jax import envs
 from ragen_jax.envs import registry
-from ragen_jax.train import experiment
+from ragen_jax.config import schema
 
 from examples import guess_number
 
@@ -34,7 +34,7 @@ def test_a_registered_environment_gets_a_config_section(registered):
   assert section.options.to_dict() == {"low": 1, "high": 8} and section.entry == ""
   config = cs.experiment("smoke", envs=dict(guess=section))
   config.envs.guess.options.high = 30
-  spec = experiment.from_config(config).envs[0]
+  spec = schema.from_config(config).envs[0]
   assert spec.make().options == (("high", 30), ("low", 1))
 
 

@@ -18,8 +18,8 @@ import pytest
 from ragen_jax import evaluate
 from ragen_jax import logging_utils
 from ragen_jax import models
-from ragen_jax.train import experiment
-from ragen_jax.train import launch_utils
+from ragen_jax.config import schema
+from ragen_jax.config import cli
 from ragen_jax.train import restore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def load_config(name, arg="debug"):
   """The debug variant with random weights (not the shipped warm start)."""
-  config = launch_utils.load_config_file(os.path.join(ROOT, "configs", f"{name}_ppo.py:{arg}"))
+  config = cli.load_config_file(os.path.join(ROOT, "configs", f"{name}_ppo.py:{arg}"))
   with config.unlocked():
     config.model.warm_start = False
   return config
@@ -72,7 +72,7 @@ def test_numbers_follow_from_the_trajectories_and_validation_settings(tmp_path):
     config.envs.frozenlake.val_groups = 3  # two batches: 2 groups, then 1
     config.rollout.val_batch_groups = 2
     config.rollout.val_group_size = 2
-  exp = experiment.from_config(config)
+  exp = schema.from_config(config)
   validation = exp.envs[0].rollout_config(exp.rollout, validation=True)
   assert validation.temperature == 0.5 and validation.group_size == 2
   assert validation.env_groups == 2

@@ -7,9 +7,10 @@ import sys
 
 import pytest
 
-from ragen_jax import config_sections
-from ragen_jax.train import experiment
-from ragen_jax.train import launch_utils
+from ragen_jax.config import sections
+from ragen_jax.config import drift
+from ragen_jax.config import schema
+from ragen_jax.config import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
@@ -17,7 +18,7 @@ CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
 
 def load(name, variant=None):
   spec = os.path.join(ROOT, "configs", f"{name}.py") + (f":{variant}" if variant else "")
-  return launch_utils.load_config_file(spec)
+  return cli.load_config_file(spec)
 
 
 def test_the_issue_lists_configs_exist():
@@ -37,9 +38,7 @@ def test_the_issue_lists_configs_exist():
 @pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
 @pytest.mark.parametrize("variant", [None, "smoke"])
 def test_every_config_validates(path, variant):
-  exp = experiment.from_config(
-      launch_utils.load_config_file(path + (f":{variant}" if variant else ""))
-  )
+  exp = schema.from_config(cli.load_config_file(path + (f":{variant}" if variant else "")))
   assert exp.train_episodes % exp.ppo.num_minibatches == 0
   assert all(e.train_groups >= 1 for e in exp.envs)
 
@@ -48,14 +47,14 @@ def test_every_config_validates(path, variant):
 def test_every_config_validates_at_real_model_scale(path, tmp_path):
   """The values the model and hardware variants write pass every range check too."""
   (tmp_path / "config.json").write_text("{}")  # all from_config asks of a checkpoint directory
-  config = launch_utils.load_config_file(path + ":model=qwen2.5-3b,hw=h100")
+  config = cli.load_config_file(path + ":model=qwen2.5-3b,hw=h100")
   config.model.checkpoint = str(tmp_path)
-  exp = experiment.from_config(config)
+  exp = schema.from_config(config)
   assert exp.ppo.critic == "shared" and exp.ppo.vf_coef == 0.1 and exp.model.remat
 
 
 def test_starpo_s_filters_without_kl_and_clips_higher():
-  exp = experiment.from_config(load("sokoban_starpo_s"))
+  exp = schema.from_config(load("sokoban_starpo_s"))
   assert exp.ppo.filter_strategy == "top_k" and exp.ppo.filter_value == 0.25
   assert not exp.ppo.use_kl_loss and (exp.ppo.clip_low, exp.ppo.clip_high) == (0.2, 0.28)
 
@@ -63,11 +62,11 @@ def test_starpo_s_filters_without_kl_and_clips_higher():
 def test_qwen_variant_needs_a_checkpoint_directory(tmp_path):
   config = load("sokoban_ppo", "qwen2.5-0.5b")
   with pytest.raises(ValueError, match="--config.model.checkpoint"):
-    experiment.from_config(config)
+    schema.from_config(config)
   with config.unlocked():
     config.model.checkpoint = str(tmp_path)
   with pytest.raises(ValueError, match="no config.json"):
-    experiment.from_config(config)
+    schema.from_config(config)
 
 
 def test_unknown_variant_is_named():
@@ -103,7 +102,7 @@ def test_bad_values_raise_clear_errors(key, value, message):
   with config.unlocked():
     node[name] = value
   with pytest.raises(ValueError, match=message):
-    experiment.from_config(config)
+    schema.from_config(config)
 
 
 def test_unknown_env_option_is_named():
@@ -111,42 +110,40 @@ def test_unknown_env_option_is_named():
   with config.unlocked():
     config.envs.sokoban.options.num_boxs = 2
   with pytest.raises(ValueError, match="num_boxs"):
-    experiment.from_config(config)
+    schema.from_config(config)
 
 
 def test_sokoban_rewards_are_config_knobs_reaching_the_env():
   config = load("sokoban_ppo")
-  assert experiment.from_config(config).envs[0].make().step_reward == pytest.approx(-0.1)
+  assert schema.from_config(config).envs[0].make().step_reward == pytest.approx(-0.1)
   config.envs.sokoban.options.step_reward = 0  # an int override, as from the command line
   config.envs.sokoban.options.solved_reward = 5.0
-  env = experiment.from_config(config).envs[0].make()
+  env = schema.from_config(config).envs[0].make()
   assert (env.step_reward, env.box_on_target_reward, env.solved_reward) == (0.0, 1.0, 5.0)
 
 
 def test_validation_options_override_training_options_for_validation_only():
-  section = config_sections.env(
-      "sokoban", options=dict(search_depth=6), val_options=dict(search_depth=40)
-  )
+  section = sections.env("sokoban", options=dict(search_depth=6), val_options=dict(search_depth=40))
   config = load("sokoban_ppo")
   config.envs.sokoban = section
-  spec = experiment.from_config(config).envs[0]
+  spec = schema.from_config(config).envs[0]
   assert (spec.make().search_depth, spec.make(validation=True).search_depth) == (6, 40)
   assert spec.make(validation=True).num_boxes == spec.make().num_boxes == 1
   with pytest.raises(
       ValueError, match=r"val_options\.serch_depth; valid keys there: .*search_depth"
   ):
-    config_sections.env("sokoban", val_options=dict(serch_depth=40))
+    sections.env("sokoban", val_options=dict(serch_depth=40))
 
 
 def test_override_typos_name_the_valid_keys():
   config = load("sokoban_ppo")
-  config_sections.check_overrides(config, ["--config.rollout.group_size=4", "--workdir=x"])
+  cli.check_overrides(config, ["--config.rollout.group_size=4", "--workdir=x"])
   with pytest.raises(
       ValueError, match=r"rollout has no 'group_sze'; valid keys there: .*group_size"
   ):
-    config_sections.check_overrides(config, ["--config.rollout.group_sze=4"])
+    cli.check_overrides(config, ["--config.rollout.group_sze=4"])
   with pytest.raises(ValueError, match=r"the config has no 'rollot'"):
-    config_sections.check_overrides(config, ["--config.rollot.group_size=4"])
+    cli.check_overrides(config, ["--config.rollot.group_size=4"])
 
 
 def test_launch_rejects_a_typo_before_doing_anything(tmp_path):
@@ -193,7 +190,7 @@ def test_a_run_saved_before_keys_were_added_still_opens(tmp_path):
   ckpt.close()
   config, _, step = restore.run_config(str(tmp_path))
   assert step is None
-  exp = experiment.from_config(config)
+  exp = schema.from_config(config)
   assert exp.sft.undo_prob == 0.0 and exp.envs[0].sft_batches == 1
   assert not exp.ppo.positive_advantages_only and exp.rollout.unchanged_penalty == 0.0
   assert exp.early_stop.reward_std_collapse == "stop" and exp.ppo.actor_lr == 3e-4
@@ -208,18 +205,16 @@ def test_a_stored_key_that_no_longer_exists_is_named(tmp_path):
   stored = json.loads(load("sokoban_ppo").to_json())
   stored["ppo"]["retired_knob"] = 1
   with pytest.raises(ValueError, match="retired_knob"):
-    experiment.from_config(restore.stored_config(stored))
+    schema.from_config(drift.stored_config(stored))
 
 
-@pytest.mark.parametrize("name, cls_exclude", list(experiment.SECTIONS.items()))
+@pytest.mark.parametrize("name, cls_exclude", list(schema.SECTIONS.items()))
 def test_each_section_is_its_dataclass(name, cls_exclude):
   """Every field is a key and back: the dataclass is the one declaration of a knob."""
   cls, exclude = cls_exclude
-  config = config_sections.experiment(
-      None, envs={"sokoban": config_sections.env("sokoban")}, cpu_scale=False
-  )
-  assert set(config[name].keys()) == set(experiment.section_keys(cls, exclude))
-  exp = experiment.from_config(config)
+  config = sections.experiment(None, envs={"sokoban": sections.env("sokoban")}, cpu_scale=False)
+  assert set(config[name].keys()) == set(schema.section_keys(cls, exclude))
+  exp = schema.from_config(config)
   defaults = cls(**({"temperature": exp.rollout.temperature} if name == "ppo" else {}))
   assert getattr(exp, name) == defaults
 
@@ -227,7 +222,7 @@ def test_each_section_is_its_dataclass(name, cls_exclude):
 def test_env_section_options_are_the_environment_fields():
   from ragen_jax import envs  # pylint: disable=g-import-not-at-top
 
-  section = config_sections.env("frozenlake", options=dict(size=6))
+  section = sections.env("frozenlake", options=dict(size=6))
   assert set(section.options.keys()) == {
       "size",
       "p",
@@ -236,12 +231,12 @@ def test_env_section_options_are_the_environment_fields():
       "max_steps",
       "num_candidates",
   }
-  spec = experiment.from_config(
-      config_sections.experiment(None, envs={"lake": section}, cpu_scale=False)
+  spec = schema.from_config(
+      sections.experiment(None, envs={"lake": section}, cpu_scale=False)
   ).envs[0]
   assert spec.make() == envs.make("frozenlake", size=6) and spec.tag == "lake"
   with pytest.raises(ValueError, match=r"envs\(frozenlake\).options.sise"):
-    config_sections.env("frozenlake", options=dict(sise=6))
+    sections.env("frozenlake", options=dict(sise=6))
 
 
 def test_variants_compose():

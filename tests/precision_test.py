@@ -14,8 +14,8 @@ import pytest
 from ragen_jax import algos
 from ragen_jax import models
 from ragen_jax.algos import optim
-from ragen_jax.train import experiment
-from ragen_jax.train import launch_utils
+from ragen_jax.config import schema
+from ragen_jax.config import cli
 from ragen_jax.train import policy
 from ragen_jax.train import run_state
 from train_step_test import make_batch  # pylint: disable=g-bad-import-order
@@ -183,11 +183,11 @@ def test_bf16_update_matches_the_float32_update_within_bfloat16_rounding(
 
 
 def test_the_run_builds_actor_critic_and_reference_in_the_param_dtype():
-  config = launch_utils.load_config_file("configs/sokoban_ppo.py:smoke")
+  config = cli.load_config_file("configs/sokoban_ppo.py:smoke")
   with config.unlocked():
     config.model.param_dtype = "bfloat16"
     config.ppo.use_kl_loss, config.ppo.kl_coef = True, 0.001
-  exp = experiment.from_config(config)
+  exp = schema.from_config(config)
   model, _ = policy.build(exp)  # the shipped warm start, loaded in bfloat16
   assert model.config.param_dtype == BF16
   state = run_state.new_state(model, exp.ppo, jax.random.key(0)).train

@@ -19,7 +19,7 @@ from ragen_jax import models
 from ragen_jax import rollout
 from ragen_jax import tokenizers
 from ragen_jax.envs import serve
-from ragen_jax.train import demos
+from ragen_jax.warm_start import demos
 
 from examples import guess_number
 

@@ -20,9 +20,9 @@ import numpy as np
 from ragen_jax import algos
 from ragen_jax import rollout as rollout_lib
 from ragen_jax import sharding
-from ragen_jax.train import experiment
+from ragen_jax.config import schema
 from ragen_jax.train import batching
-from ragen_jax.train import launch_utils
+from ragen_jax.config import cli
 from ragen_jax.train import policy as policy_lib
 
 
@@ -50,11 +50,11 @@ def update_summary(before, after):
 
 
 def run(mesh_shape, reference_batch=None):
-  config = launch_utils.load_config_file("configs/sokoban_ppo.py:smoke")
+  config = cli.load_config_file("configs/sokoban_ppo.py:smoke")
   with config.unlocked():
     config.rollout.group_size = 4  # 2 groups x 4 = 8 episodes: divides every mesh
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = mesh_shape
-  exp = experiment.from_config(config)
+  exp = schema.from_config(config)
   n = int(np.prod(mesh_shape))
   sharder = sharding.Sharder(exp.mesh, devices=jax.devices()[:n])
   model, tok = policy_lib.build(exp, sharder)

@@ -11,8 +11,8 @@ import pytest
 
 from ragen_jax import models
 from ragen_jax import sharding
-from ragen_jax.train import experiment
-from ragen_jax.train import launch_utils
+from ragen_jax.config import schema
+from ragen_jax.config import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EIGHT_DEVICES = dict(
@@ -92,17 +92,17 @@ def test_qwen_sizes_that_do_not_divide_are_refused_naming_both_numbers():
 
 
 def test_the_mesh_section_validates_into_the_experiment():
-  config = launch_utils.load_config_file("configs/sokoban_ppo.py:smoke")
+  config = cli.load_config_file("configs/sokoban_ppo.py:smoke")
   with config.unlocked():
     config.mesh.data, config.mesh.tensor = 2, 2
     config.mesh.rules.mlp = ""
-  exp = experiment.from_config(config)
+  exp = schema.from_config(config)
   assert (exp.mesh.data, exp.mesh.fsdp, exp.mesh.tensor) == (2, 1, 2)
   assert dict(exp.mesh.rules)["mlp"] == () and dict(exp.mesh.rules)["batch"] == ("data", "fsdp")
   with config.unlocked():
     config.mesh.rules.mlp = "pipeline"
   with pytest.raises(ValueError, match="config: mesh.rules.mlp"):
-    experiment.from_config(config)
+    schema.from_config(config)
 
 
 def test_a_run_whose_batch_does_not_divide_the_mesh_stops_before_compiling(tmp_path):

@@ -15,8 +15,8 @@ import numpy as np
 from ragen_jax import logging_utils
 from ragen_jax import models
 from ragen_jax.models import lora
-from ragen_jax.train import experiment
-from ragen_jax.train import launch_utils
+from ragen_jax.config import schema
+from ragen_jax.config import cli
 from ragen_jax.train import policy
 from ragen_jax.train import restore
 from ragen_jax.train import trainer
@@ -26,7 +26,7 @@ _TIMING = ("timing_s/", "perf/", "timing_per_token_ms/", "sft/elapsed_s")
 
 
 def lora_config():
-  config = launch_utils.load_config_file(os.path.join(ROOT, "configs", "sokoban_ppo.py:smoke"))
+  config = cli.load_config_file(os.path.join(ROOT, "configs", "sokoban_ppo.py:smoke"))
   with config.unlocked():
     config.model.lora.rank = 4
     config.model.lora.alpha = 8.0
@@ -64,7 +64,7 @@ def test_lora_run_resumes_exactly_and_keeps_the_base(tmp_path):
   ids = jnp.arange(12, dtype=jnp.int32)[None]
   np.testing.assert_array_equal(np.asarray(a(ids)), np.asarray(b(ids)))
   # The base weights are those the run started from.
-  start, _ = policy.build(experiment.from_config(lora_config()))
+  start, _ = policy.build(schema.from_config(lora_config()))
   base = lambda m: jax.tree.leaves(nnx.state(m, nnx.Not(lora.LoraParam)))
   for x, y in zip(base(a), base(start)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

@@ -1,4 +1,4 @@
-"""Operating a run, without training: which config changes a resume allows (config_drift),
+"""Operating a run, without training: which config changes a resume allows (config.drift),
 stop signals (stop_signals, real signals sent to this process) and launch.py's one-line errors
 and exit statuses (launch_utils). The end-to-end checks are in train_test.py."""
 
@@ -10,7 +10,8 @@ import time
 import pytest
 
 from ragen_jax import checkpoints
-from ragen_jax.train import config_drift
+from ragen_jax.config import drift
+from ragen_jax.config import cli
 from ragen_jax.train import launch_utils
 from ragen_jax.train import stop_signals
 from ragen_jax.train import trainer
@@ -20,7 +21,7 @@ SMOKE = os.path.join(ROOT, "configs", "sokoban_ppo.py") + ":smoke"
 
 
 def _config():
-  return launch_utils.load_config_file(SMOKE)
+  return cli.load_config_file(SMOKE)
 
 
 def test_compare_splits_allowed_from_refused_changes_with_both_values():
@@ -32,22 +33,22 @@ def test_compare_splits_allowed_from_refused_changes_with_both_values():
     now.ppo.actor_lr = 3e-4
     now.envs.sokoban.options.dim_room = (7, 7)
     now.envs.sokoban.val_options = {"num_boxes": 2}  # a section empty in the stored config
-  allowed, refused = config_drift.compare(stored.to_json_best_effort(), now.to_json_best_effort())
+  allowed, refused = drift.compare(stored.to_json_best_effort(), now.to_json_best_effort())
   assert allowed == [
       ("early_stop.low_val_success", "stop", "warn"),
       ("trainer.total_steps", 4, 40),
   ]
   assert refused == [
       ("envs.sokoban.options.dim_room", [6, 6], [7, 7]),
-      ("envs.sokoban.val_options.num_boxes", config_drift.ABSENT, 2),
+      ("envs.sokoban.val_options.num_boxes", drift.ABSENT, 2),
       ("ppo.actor_lr", 0.0001, 0.0003),
   ]
-  assert config_drift.describe(refused) == (
+  assert drift.describe(refused) == (
       "envs.sokoban.options.dim_room: [6, 6] -> [7, 7]; "
       "envs.sokoban.val_options.num_boxes: (absent) -> 2; ppo.actor_lr: 0.0001 -> 0.0003"
   )
   same = stored.to_json_best_effort()
-  assert config_drift.compare(same, same) == ([], [])
+  assert drift.compare(same, same) == ([], [])
 
 
 def test_a_key_added_since_the_run_was_saved_compares_at_its_default():
@@ -56,11 +57,11 @@ def test_a_key_added_since_the_run_was_saved_compares_at_its_default():
   values = json.loads(_config().to_json_best_effort())
   del values["ppo"]["positive_advantages_only"]
   stored = json.dumps(values)
-  assert config_drift.compare(stored, _config().to_json_best_effort()) == ([], [])
+  assert drift.compare(stored, _config().to_json_best_effort()) == ([], [])
   now = _config()
   with now.unlocked():
     now.ppo.positive_advantages_only = True
-  assert config_drift.compare(stored, now.to_json_best_effort())[1] == [
+  assert drift.compare(stored, now.to_json_best_effort())[1] == [
       ("ppo.positive_advantages_only", False, True)
   ]
 
@@ -74,23 +75,23 @@ def test_a_resume_under_another_param_or_moment_dtype_is_refused():
     section, name = key.split(".")
     with now.unlocked():
       now[section][name] = value
-    assert not config_drift.may_change(key)
-    assert config_drift.compare(stored, now.to_json_best_effort()) == (
+    assert not drift.may_change(key)
+    assert drift.compare(stored, now.to_json_best_effort()) == (
         [],
         [(key, "float32", "bfloat16")],
     )
   # A run saved before the keys existed trained in float32: it compares at the defaults.
   values = json.loads(stored)
   del values["model"]["param_dtype"], values["ppo"]["moment_dtype"]
-  assert config_drift.compare(json.dumps(values), stored) == ([], [])
+  assert drift.compare(json.dumps(values), stored) == ([], [])
 
 
 def test_may_change_names_keys_and_whole_sections():
-  assert config_drift.may_change("trainer.total_steps")
-  assert config_drift.may_change("early_stop.reward_std_patience")
-  assert not config_drift.may_change("trainer.pad_multiple")
-  assert not config_drift.may_change("early_stopping")
-  assert not config_drift.may_change("seed.init")
+  assert drift.may_change("trainer.total_steps")
+  assert drift.may_change("early_stop.reward_std_patience")
+  assert not drift.may_change("trainer.pad_multiple")
+  assert not drift.may_change("early_stopping")
+  assert not drift.may_change("seed.init")
 
 
 def _wait_for_signal():

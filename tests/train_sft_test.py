@@ -12,8 +12,8 @@ from ragen_jax import models
 from ragen_jax import rollout
 from ragen_jax import tokenizers
 from ragen_jax.rollout import prompts
-from ragen_jax.train import demos
-from ragen_jax.train import sft
+from ragen_jax.warm_start import demos
+from ragen_jax.warm_start import sft
 
 
 @pytest.fixture(scope="module")

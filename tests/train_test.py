@@ -28,7 +28,7 @@ from ragen_jax import checkpoints
 from ragen_jax import evaluate
 from ragen_jax import logging_utils
 from ragen_jax.train import batching
-from ragen_jax.train import launch_utils
+from ragen_jax.config import cli
 from ragen_jax.train import restore
 from ragen_jax.train import trainer
 
@@ -39,7 +39,7 @@ _TIMING = ("timing_s/", "perf/")
 
 
 def smoke_config(spec=SMOKE):
-  return launch_utils.load_config_file(spec)
+  return cli.load_config_file(spec)
 
 
 def comparable(scalars, steps):

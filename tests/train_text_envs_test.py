@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from ragen_jax import logging_utils
-from ragen_jax.train import launch_utils
+from ragen_jax.config import cli
 from ragen_jax.train import trainer
 
 from train_test import comparable  # the same comparison as the built-in environments' resume
@@ -23,7 +23,7 @@ CUSTOM = os.path.join(ROOT, "configs", "custom_env.py") + ":smoke"
 @pytest.fixture(scope="module")
 def custom_run(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("custom"))
-  return workdir, trainer.train(launch_utils.load_config_file(CUSTOM), workdir)
+  return workdir, trainer.train(cli.load_config_file(CUSTOM), workdir)
 
 
 def test_the_example_environment_trains_through_launch(tmp_path):
@@ -48,15 +48,15 @@ def test_the_example_resumes_like_an_uninterrupted_run(custom_run, tmp_path):
   ref_dir, summary = custom_run
   assert summary["step"] == 4 and summary["train/custom/env_error"] == 0.0
   workdir = str(tmp_path / "resumed")
-  assert trainer.train(launch_utils.load_config_file(CUSTOM), workdir, stop_after=1)["step"] == 1
-  assert trainer.train(launch_utils.load_config_file(CUSTOM), workdir)["step"] == 4
+  assert trainer.train(cli.load_config_file(CUSTOM), workdir, stop_after=1)["step"] == 1
+  assert trainer.train(cli.load_config_file(CUSTOM), workdir)["step"] == 4
   expected = comparable(logging_utils.read_scalars(ref_dir), {2, 3, 4})
   assert expected
   assert comparable(logging_utils.read_scalars(workdir), {2, 3, 4}) == expected
 
 
 def test_gymnasium_frozenlake_trains_beside_a_jax_environment(tmp_path):
-  from ragen_jax import config_sections as cs  # pylint: disable=import-outside-toplevel
+  from ragen_jax.config import sections as cs  # pylint: disable=import-outside-toplevel
 
   config = cs.experiment(
       "smoke",
@@ -86,7 +86,7 @@ def _dead_url() -> str:
 
 
 def test_environment_faults_stop_the_run_before_training(tmp_path):
-  config = launch_utils.load_config_file(CUSTOM)
+  config = cli.load_config_file(CUSTOM)
   with config.unlocked():
     config.envs.custom.entry = _dead_url()
     config.envs.custom.step_timeout_s = 5.0
@@ -105,19 +105,19 @@ def test_environment_faults_stop_the_run_before_training(tmp_path):
     ],
 )
 def test_a_bad_entry_is_a_clear_error_before_anything_compiles(entry, message):
-  config = launch_utils.load_config_file(CUSTOM)
+  config = cli.load_config_file(CUSTOM)
   with config.unlocked():
     config.envs.custom.entry = entry
-  from ragen_jax.train import experiment  # pylint: disable=import-outside-toplevel
+  from ragen_jax.config import schema  # pylint: disable=import-outside-toplevel
 
   with pytest.raises(ValueError, match=message):
     experiment.from_config(config)
 
 
 def test_options_the_environment_does_not_take_are_a_clear_error():
-  config = launch_utils.load_config_file(CUSTOM)
+  config = cli.load_config_file(CUSTOM)
   config.envs.custom.options = {"hihg": 9}
-  from ragen_jax.train import experiment  # pylint: disable=import-outside-toplevel
+  from ragen_jax.config import schema  # pylint: disable=import-outside-toplevel
 
   with pytest.raises(ValueError, match=r"does not take options \['hihg'\]"):
     experiment.from_config(config)
@@ -130,7 +130,7 @@ def test_options_the_environment_does_not_take_are_a_clear_error():
 def test_ragens_text_environments_warm_start_and_train(name, steps, tmp_path):
   """RAGEN's Countdown, math and Sudoku configs (`:smoke`): the environments' own experts give
   the supervised warm start, then RL steps run and validate."""
-  config = launch_utils.load_config_file(os.path.join(ROOT, "configs", f"{name}.py") + ":smoke")
+  config = cli.load_config_file(os.path.join(ROOT, "configs", f"{name}.py") + ":smoke")
   with config.unlocked():
     config.trainer.total_steps = steps
   summary = trainer.train(config, str(tmp_path / name))

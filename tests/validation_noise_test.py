@@ -3,11 +3,11 @@
 import pytest
 
 from experiments import validation_noise
-from ragen_jax.train import launch_utils
+from ragen_jax.config import cli
 
 
 def test_keys_and_level_sets_are_the_ones_named_and_the_statistics_hand_worked(monkeypatch):
-  config = launch_utils.load_config_file("configs/sokoban_ppo.py")  # 64 levels from seed.val
+  config = cli.load_config_file("configs/sokoban_ppo.py")  # 64 levels from seed.val
   init, val = config.seed.init, config.seed.val
   calls = []
   # Success by (sampling key, first level seed): the default levels vary with the key; the

@@ -20,8 +20,8 @@ import jax
 from experiments.bench import sampling as sampling_bench
 from ragen_jax import rollout as rollout_lib
 from ragen_jax.train import batching
-from ragen_jax.train import experiment
-from ragen_jax.train import launch_utils
+from ragen_jax.config import schema
+from ragen_jax.config import cli
 from ragen_jax.train import policy as policy_lib
 
 
@@ -32,7 +32,7 @@ def main():
   parser.add_argument("--prompt", type=int, default=640)
   args = parser.parse_args()
 
-  exp = experiment.from_config(launch_utils.load_config_file(args.config))
+  exp = schema.from_config(cli.load_config_file(args.config))
   model, tok = policy_lib.build(exp)
   env = exp.envs[0]
   engine = rollout_lib.Rollout(env.make(), tok, env.rollout_config(exp.rollout, validation=False))

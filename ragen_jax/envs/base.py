@@ -11,7 +11,7 @@ probabilities), so `jax.jit(env.step)` closes over it and `jax.vmap` maps over s
 
 `info` is a dict of arrays with at least `success`, `action_is_effective` and `action_is_valid`.
 An environment that can demonstrate defines `expert(state) -> (plan as action indices or None,
-short reasoning text)` for one unbatched state: the scripted expert of `ragen_jax.train.demos`.
+short reasoning text)` for one unbatched state: the scripted expert of `ragen_jax.warm_start.demos`.
 Stepping a finished episode is a no-op with zero reward (the batch keeps its static shape while
 other episodes continue). An out-of-range action is a no-op that costs no step and reports
 `action_is_valid=False`.

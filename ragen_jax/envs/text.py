@@ -22,7 +22,7 @@ Optional attributes, read from the instance after `reset` (so they may depend on
   close()              called once the episode is over
   expert()             -> (answers or None, thought): this turn's answers of a solver, as `step`
                        takes them, and a short reasoning text; the scripted demonstrator of the
-                       supervised warm start (ragen_jax.train.demos)
+                       supervised warm start (ragen_jax.warm_start.demos)
 `info` may carry `success`, `action_is_valid` and `action_is_effective` (bools); the rollout's
 metrics use them when present (defaults: no success, valid, effective).
 

@@ -100,9 +100,7 @@ class Rollout:
       )
       if sharder.mesh is not None:
         self.rows = distributed.row_range(sharder.named(("batch",)), self.batch_size)
-    # History + new tokens of a row never exceed max_context; the shared write offset adds at
-    # most one bucketed user turn (and a bucketed first prompt stays within 255 of its size).
-    self.capacity = -(-c.max_context // 256) * 256 + max(sampling.bucket(c.max_turn_tokens), 256)
+    self.capacity = c.cache_slots
     answer_end = tokenizer.encode("</answer>")
     self.options = sampling.sampling_options(
         max_new_tokens=c.max_new_tokens,
@@ -134,7 +132,7 @@ class Rollout:
 
     The reply is the text after the generation prefix (e.g. "...</think><answer>Up</answer>");
     it is tokenised and recorded exactly as sampled tokens would be (log-probs 0), so the
-    batch is a supervised demonstration in the rollout's own format (see ragen_jax.train.sft).
+    batch is a supervised demonstration in the rollout's own format (see ragen_jax.warm_start.sft).
     `state` is the episode's unbatched host state; for a text environment, the `Plan` of its
     own `expert()` when it has one, else its last observation (rollout.env_batch).
     Every process plays the whole batch: a scripted policy draws from its own host random

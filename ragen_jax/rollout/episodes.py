@@ -62,6 +62,11 @@ class RolloutConfig:
     if not self.max_context > self.max_new_tokens:
       raise ValueError("rollout.max_context must exceed rollout.max_new_tokens")
 
+  @property
+  def cache_slots(self) -> int:
+    """KV-cache slots per episode (`cache_slots`)."""
+    return cache_slots(self.max_context, self.max_turn_tokens)
+
   def for_validation(self) -> "RolloutConfig":
     """Validation plays `val_group_size` episodes per group at `val_temperature`, with RAGEN's
     rewards (no training-only shaping)."""
@@ -71,6 +76,17 @@ class RolloutConfig:
         temperature=self.val_temperature,
         unchanged_penalty=0.0,
     )
+
+
+def cache_slots(max_context: int, max_turn_tokens: int) -> int:
+  """KV-cache slots the rollout allocates per episode: the one formula that the engine, the
+  memory estimate and the hardware variants share.
+
+  A row's history plus its new tokens never exceed `max_context` (rounded up to 256); the
+  batch's shared write offset adds at most one user turn in its prefill bucket (at least 256:
+  a bucketed first prompt stays within 255 of its size).
+  """
+  return -(-max_context // 256) * 256 + max(sampling.bucket(max_turn_tokens), 256)
 
 
 @dataclasses.dataclass

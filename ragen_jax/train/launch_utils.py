@@ -1,5 +1,5 @@
-"""What `launch.py` does around the trainer: early override checks, the start-up log, and the
-one-line errors and exit statuses an operator sees.
+"""What `launch.py` does around the trainer: the start-up log, and the one-line errors and exit
+statuses an operator sees.
 
 Exit statuses of launch.py: 0 when the run is done, or stopped by Ctrl-C or SIGTERM with its
 step saved (run the same command to resume); `EXIT_CONFIG` (2) when the command is wrong;
@@ -7,7 +7,6 @@ step saved (run the same command to resume); `EXIT_CONFIG` (2) when the command 
 `error: <message>`, on stderr; any other exception is a bug and keeps its traceback.
 """
 
-import importlib.util
 import os
 import platform
 import sys
@@ -17,7 +16,7 @@ from absl import logging
 import jax
 
 from ragen_jax import checkpoints
-from ragen_jax import config_sections
+from ragen_jax.config import cli
 from ragen_jax.train import trainer
 
 # An unknown key or variant, a bad value, a mesh the devices do not fit, a config that differs
@@ -26,7 +25,7 @@ EXIT_CONFIG = 2
 # A non-finite loss, too many environment faults, a checkpoint that cannot be saved or restored:
 # the message names it; the workdir keeps its last good checkpoint.
 EXIT_RUN_FAILED = 3
-CONFIG_ERRORS = (trainer.ConfigError,)
+CONFIG_ERRORS = (trainer.ConfigError, cli.CommandError)
 RUN_FAILURES = (
     trainer.NonFiniteLossError,
     trainer.EnvironmentFailure,
@@ -47,26 +46,6 @@ def exit_with_error(message: str, status: int = EXIT_CONFIG) -> NoReturn:
   """Exits with `message` as one line on stderr, `error: ...`, and `status`."""
   print(f"error: {' '.join(message.split())}", file=sys.stderr, flush=True)
   sys.exit(status)
-
-
-def load_config_file(spec: str):
-  """The ConfigDict of `path[:variant]`, loaded the way ml_collections' config flag does."""
-  path, _, variant = spec.partition(":")
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"config file {path!r} not found")
-  module_spec = importlib.util.spec_from_file_location("experiment_config", path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return module.get_config(variant or None)
-
-
-def check_argv(argv, default_config: str) -> None:
-  """Exits with a one-line message (`EXIT_CONFIG`) on an unknown `--config.*` key or variant."""
-  spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), default_config)
-  try:
-    config_sections.check_overrides(load_config_file(spec), argv)
-  except (ValueError, FileNotFoundError) as e:
-    exit_with_error(str(e), EXIT_CONFIG)
 
 
 class _QuietLibraries:

@@ -9,8 +9,9 @@ Terms (bytes per device, the mesh dividing what it shards):
   critic       the separate critic's parameters, moments and gradient (0 for GRPO / shared)
   reference    the frozen reference policy, in the parameters' dtype (only with the KL loss; 0
                with LoRA, whose reference is the actor's own base weights)
-  kv_cache     the rollout's cache: L x B x S x K x Dh x 2 (k and v), B over data x fsdp and K
-               over the tensor axis
+  kv_cache     the rollout's cache: L x B x S x K x Dh x 2 (k and v), S the slots the engine
+               allocates (`RolloutConfig.cache_slots`), B over data x fsdp and K over the
+               tensor axis
   activations  the train step's live activations for one micro-batch of U sequences of T tokens:
                with `remat` one [U, T, D] residual per layer plus one layer's internals
                (~(4D + 2F + 2·H·Dh) per token); without it every layer's internals
@@ -98,7 +99,7 @@ def estimate(exp, config: models.ModelConfig, sharder) -> Dict[str, float]:
   out["critic"] = critic_bytes if separate else 0
   out["reference"] = n_param * pbytes if ppo.use_kl_loss and lora_config is None else 0.0
   batch = max(e.train_groups for e in exp.envs) * r.group_size
-  capacity = r.max_context + r.max_turn_tokens
+  capacity = r.cache_slots  # what the rollout engine allocates
   out["kv_cache"] = (
       _sharded(
           (

@@ -17,8 +17,8 @@ import ml_collections
 
 from ragen_jax import algos
 from ragen_jax import checkpoints
-from ragen_jax import config_sections
-from ragen_jax.train import experiment as experiment_lib
+from ragen_jax.config import drift
+from ragen_jax.config import schema
 from ragen_jax.train import policy as policy_lib
 from ragen_jax.train import run_state
 
@@ -50,20 +50,13 @@ def run_config(path: str) -> Tuple[ml_collections.ConfigDict, str, Optional[int]
     ckpt.close()
   if "config" not in meta:
     raise ValueError(f"the checkpoint in {directory} has no config in its metadata")
-  return stored_config(json.loads(meta["config"])), directory, step
-
-
-def stored_config(values: dict) -> ml_collections.ConfigDict:
-  """A run's stored config overlaid on today's defaults for its environment tags: a key added
-  after the run was saved gets its default, which is the behaviour the run had (a key's
-  default never changes behaviour; config files set other values)."""
-  return config_sections.overlay(config_sections.defaults_like(values), values)
+  return drift.stored_config(json.loads(meta["config"])), directory, step
 
 
 def load_actor(path: str):
   """(actor model with the trained weights, tokenizer, run config, step)."""
   config, directory, step = run_config(path)
-  exp = experiment_lib.from_config(config)
+  exp = schema.from_config(config)
   model, tok = policy_lib.build(exp)
   like = jax.eval_shape(lambda: run_state.new_state(model, exp.ppo, jax.random.key(0)))
   ckpt = checkpoints.Checkpointer(directory)

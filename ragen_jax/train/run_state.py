@@ -12,8 +12,8 @@ import flax
 import jax
 
 from ragen_jax import algos
-from ragen_jax.train import early_stop as early_stop_lib
-from ragen_jax.train import keys
+from ragen_jax.diagnostics import early_stop as early_stop_lib
+from ragen_jax import keys
 
 
 @flax.struct.dataclass

@@ -14,7 +14,7 @@ a resumed run replays exactly what the uninterrupted run would have done.
 Diagnostics (ragen_jax.diagnostics): every step the valid-thinking rate and reasoning lengths;
 at step 1 and every `diagnostics.compute_freq` steps RAGEN-2's MI family (`collapse/*`), on the
 unfiltered batch under the policy that sampled it, before the update. RAGEN's stopping rules
-(train.early_stop) watch every step and validation; a rule in "stop" mode saves and ends the run,
+(diagnostics.early_stop) watch every step and validation; a rule in "stop" mode saves and ends the run,
 and running the command again reports that instead of training on.
 
 Workdir: `checkpoints/<step>/` (orbax: actor, critic, optimizer states, step, base key; JSON
@@ -23,7 +23,7 @@ events, `eval/step_<s>.jsonl` trajectories and their pages `viewer/step_<s>.html
 (ragen_jax.viewer), and `config.json`, the config the run goes on under, written once the
 config, the mesh and any resume have passed their checks. Running again resumes from the latest
 checkpoint; a config that differs from the checkpoint's in keys outside
-`config_drift.MAY_CHANGE` is refused (ConfigError) before anything runs, unless the caller
+`drift.MAY_CHANGE` is refused (ConfigError) before anything runs, unless the caller
 allows the change. A non-finite loss stops the run (nothing is saved), and so does a rollout in
 which more episodes than `envs.<tag>.max_env_errors` ended in an environment fault (before
 training on them). Ctrl-C or SIGTERM finishes the current step, saves and returns
@@ -53,14 +53,14 @@ from ragen_jax import distributed
 from ragen_jax import logging_utils
 from ragen_jax import rollout as rollout_lib
 from ragen_jax import sharding
-from ragen_jax.train import config_drift
-from ragen_jax.train import experiment as experiment_lib
+from ragen_jax.config import drift
+from ragen_jax.config import schema
 from ragen_jax.train import batching
-from ragen_jax.train import keys
+from ragen_jax import keys
 from ragen_jax.train import memory
 from ragen_jax.train import policy as policy_lib
 from ragen_jax.train import run_state
-from ragen_jax.train import sft as sft_lib
+from ragen_jax.warm_start import sft as sft_lib
 from ragen_jax.train import stop_signals
 from ragen_jax.train import validation
 
@@ -78,7 +78,7 @@ _LOSS_KEYS = ("actor/pg_loss", "critic/vf_loss", "actor/kl_loss", "actor/entropy
 
 
 class ConfigError(ValueError):
-  """The command's config cannot run: a bad value (experiment.from_config), a mesh the devices
+  """The command's config cannot run: a bad value (schema.from_config), a mesh the devices
   do not fit, or a change from the config the workdir's checkpoints were trained under."""
 
 
@@ -97,12 +97,12 @@ def train(
   """Runs (or resumes) the experiment `config` in `workdir`; returns the last metrics.
 
   Args:
-    config: the experiment ConfigDict (validated here by experiment.from_config).
+    config: the experiment ConfigDict (validated here by schema.from_config).
     workdir: run directory (created); an existing checkpoint there is resumed.
     stop_after: stop (saving a checkpoint) after this many steps of this call, as if
       interrupted; for tests of resumption.
     allow_config_change: resume even when `config` differs from the config the latest
-      checkpoint was trained under in keys outside `config_drift.MAY_CHANGE` (each change is
+      checkpoint was trained under in keys outside `drift.MAY_CHANGE` (each change is
       logged as a warning); without it such a resume raises ConfigError before anything runs.
 
   Returns:
@@ -112,12 +112,12 @@ def train(
   with stop_signals.StopFlag(abort_start_up=not distributed.multiprocess()) as stop:
     ckpt = None
     try:
-      exp = _as_config_error(experiment_lib.from_config, config)
+      exp = _as_config_error(schema.from_config, config)
       sharder = _as_config_error(_mesh, exp)
       ckpt = checkpoints.Checkpointer(
           os.path.join(workdir, "checkpoints"), keep=exp.trainer.keep_checkpoints
       )
-      refusal = config_drift.check_resume(ckpt, _config_json(config), allow_config_change)
+      refusal = drift.check_resume(ckpt, _config_json(config), allow_config_change)
       if refusal:
         raise ConfigError(refusal)
       os.makedirs(workdir, exist_ok=True)

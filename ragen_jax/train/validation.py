@@ -20,7 +20,7 @@ from ragen_jax import atomic_write
 from ragen_jax import logging_utils
 from ragen_jax import rollout as rollout_lib
 from ragen_jax import viewer
-from ragen_jax.train import keys
+from ragen_jax import keys
 
 
 def engines(exp, tokenizer, sharder=None) -> Dict[str, rollout_lib.Rollout]:

@@ -5,7 +5,7 @@
     exp.envs[0].rollout_config(exp.rollout, validation=False)
 
 Every knob is declared once, as a field of the dataclass in `SECTIONS` that uses it (default and
-one-line comment there); `ragen_jax.config_sections` derives the ConfigDict sections of
+one-line comment there); `ragen_jax.config.sections` derives the ConfigDict sections of
 `configs/*.py` from these fields, and `from_config` is construction (`Cls(**section)`, each
 class checking its own values in `__post_init__`) plus the checks that span sections: model
 preset or checkpoint directory, that every environment builds with its options, and that the
@@ -29,8 +29,8 @@ from ragen_jax.config_checks import NonNegativeFloat, PositiveFloat, PositiveInt
 from ragen_jax.diagnostics import CollapseConfig
 from ragen_jax.envs import base as env_base
 from ragen_jax.sharding import MeshSpec
-from ragen_jax.train.early_stop import EarlyStopConfig
-from ragen_jax.train.sft import SFTConfig
+from ragen_jax.diagnostics.early_stop import EarlyStopConfig
+from ragen_jax.warm_start.sft import SFTConfig
 
 _DTYPES = ("float32", "bfloat16", "float16")
 PARAM_DTYPES = ("float32", "bfloat16")
@@ -169,7 +169,7 @@ class TrainerSpec:
 
 @dataclasses.dataclass(frozen=True)
 class SeedSpec:
-  """Seeds; every random choice of a run derives from these (train.keys)."""
+  """Seeds; every random choice of a run derives from these (ragen_jax.keys)."""
 
   train: NonNegativeInt = 10000  # first training level seed (advances by groups per step)
   val: NonNegativeInt = 123  # first validation level seed

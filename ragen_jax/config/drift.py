@@ -4,7 +4,7 @@ Every checkpoint stores the config it was trained under (metadata "config"). Res
 under another learning rate, seed or environment would graft a second experiment onto the
 first one's curves without a word (a changed seed would even reach validation only: training
 levels follow the checkpoint's counters). `compare` sets the stored config, overlaid on today's
-defaults by `restore.stored_config` so that keys added since compare at their defaults, against
+defaults by `stored_config` so that keys added since compare at their defaults, against
 the command's, and splits the differences into those `MAY_CHANGE` allows and the others, which
 `check_resume` refuses unless the operator allows them explicitly.
 """
@@ -14,8 +14,9 @@ import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from absl import logging
+import ml_collections
 
-from ragen_jax.train import restore
+from ragen_jax.config import sections
 
 # Keys a resumed run may change, with the reason. They decide how long the run goes, how often
 # it validates, logs and saves, and when it stops; never what a step computes, so the steps
@@ -36,6 +37,13 @@ MAY_CHANGE = {
 
 ABSENT = "(absent)"  # a key one of the two configs lacks
 Change = Tuple[str, Any, Any]  # (dotted key, stored value, value now)
+
+
+def stored_config(values: dict) -> ml_collections.ConfigDict:
+  """A run's stored config overlaid on today's defaults for its environment tags: a key added
+  after the run was saved gets its default, which is the behaviour the run had (a key's
+  default never changes behaviour; config files set other values)."""
+  return sections.overlay(sections.defaults_like(values), values)
 
 
 def may_change(key: str) -> bool:
@@ -63,7 +71,7 @@ def compare(stored_json: str, config_json: str) -> Tuple[List[Change], List[Chan
   if not stored_values or not now_values:
     return [], []
   # Through JSON on both sides: tuples and lists compare equal, as they are stored.
-  stored = flatten(json.loads(restore.stored_config(stored_values).to_json_best_effort()))
+  stored = flatten(json.loads(stored_config(stored_values).to_json_best_effort()))
   now = flatten(now_values)
   changes = [
       (key, stored.get(key, ABSENT), now.get(key, ABSENT))

@@ -2,7 +2,7 @@
 
     model, metrics = sft.finetune(model, engines, sft_config, log=...)  # engines: {name: Rollout}
 
-Demonstrations come from `Rollout.run_scripted` with the experts of `ragen_jax.train.demos`,
+Demonstrations come from `Rollout.run_scripted` with the experts of `ragen_jax.warm_start.demos`,
 so they hold exactly the token layout a rollout produces (system prompt, user turns, reward
 lines, replies after the generation prefix). The loss is the mean negative log-likelihood of
 the reply tokens (`loss_mask_BxT`), the prompts being context only. One jitted, donated step;
@@ -30,8 +30,8 @@ from ragen_jax.algos.step_records import copy_tree
 from ragen_jax.config_checks import check_fields, NonNegativeFloat, NonNegativeInt
 from ragen_jax.config_checks import PositiveFloat, PositiveInt, UnitFloat
 from ragen_jax.models import lora
-from ragen_jax.train import demos
-from ragen_jax.train import keys
+from ragen_jax.warm_start import demos
+from ragen_jax import keys
 
 
 @dataclasses.dataclass(frozen=True)
