@@ -45,8 +45,8 @@ DEV = [
     # Formatter and linter (settings in pyproject.toml; .ci/run checks both).
     "pyink==26.5.1",
     "pylint==4.1.4",
-    # The environment adapters' tests run the real packages (ragen_jax.envs.gymnasium_adapter,
-    # ragen_jax.envs.reasoning_gym_adapter); at run time they are needed only by those adapters.
+    # The environment adapters' tests run the real packages (ragen_jax.envs.bridges.gymnasium,
+    # ragen_jax.envs.bridges.reasoning_gym); at run time they are needed only by those adapters.
     "gymnasium==1.4.0",
     "reasoning-gym==0.1.25",
 ]

@@ -4,10 +4,10 @@ once; reward 1 right, 0.1 for the right numbers with a wrong value, else 0; one 
   python launch.py --config=configs/countdown_grpo.py[:smoke]
   python launch.py --config=configs/countdown_grpo.py --config.envs.countdown.options.num_numbers=4
 
-Levels come from the seed (no data download; ragen_jax/envs/countdown.py). The tiny model starts
-from the shipped warm start, then fine-tunes on the environment's expert (an exhaustive search of
-expressions) before RL. Values marked "CPU:" differ from RAGEN's for a 1M-parameter model on 2
-cores.
+Levels come from the seed (no data download; ragen_jax/envs/text/countdown.py). The tiny model
+starts from the shipped warm start, then fine-tunes on the environment's expert (an exhaustive
+search of expressions) before RL. Values marked "CPU:" differ from RAGEN's for a 1M-parameter model
+on 2 cores.
 """
 
 from ragen_jax.config import sections as cs

@@ -2,12 +2,12 @@
 under RAGEN's rewards: 1.0 for the placement that completes the board, 0.0 for every other step
 (`reward_scheme="ragen"`). `--config.envs.sudoku.options.reward_scheme=dense` plays this
 repository's shaping instead: +1 per correct placement, -0.1 for any other answer, +10 on
-completion (ragen_jax/envs/sudoku.py).
+completion (ragen_jax/envs/text/sudoku.py).
 
   python launch.py --config=configs/sudoku_ppo.py[:smoke]
   python launch.py --config=configs/sudoku_ppo.py --config.envs.sudoku.options.size=9
 
-Boards come from the seed with a unique solution (ragen_jax/envs/sudoku.py). The tiny model
+Boards come from the seed with a unique solution (ragen_jax/envs/text/sudoku.py). The tiny model
 starts from the shipped warm start, then fine-tunes on the environment's expert (a constraint
 solver's placements) before RL. Values marked "CPU:" differ from RAGEN's for a 1M-parameter
 model on 2 cores.

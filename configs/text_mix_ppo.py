@@ -19,7 +19,7 @@ def get_config(arg=None):
           countdown=cs.env("countdown", train_groups=4, val_groups=32),
           math=cs.env("math", train_groups=4, val_groups=32),
           # Two placements a turn: the solver's replies then fit 64 tokens. RAGEN's rewards: 1.0
-          # for completing the board, 0.0 otherwise (ragen_jax/envs/sudoku.py).
+          # for completing the board, 0.0 otherwise (ragen_jax/envs/text/sudoku.py).
           sudoku=cs.env(
               "sudoku",
               train_groups=4,

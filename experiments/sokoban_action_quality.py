@@ -3,14 +3,14 @@ r"""How often a Sokoban policy's move is one an optimal solver would make.
   python -m experiments.sokoban_action_quality RUN/eval/step_0.jsonl [RUN2/eval/step_15.jsonl ...]
   python -m experiments.sokoban_action_quality --random_play=5     # chance on the default's levels
 
-Success rates on 64 validation levels move in steps of 1.6 points and mix planning with luck;
-this asks a sharper question of the same trajectories (the `eval/step_N.jsonl` files a run
-writes). For every turn whose state is still solvable within `--depth` moves, the reply's first
-action is optimal when it shortens the breadth-first solution (`envs.sokoban.solve`) by exactly
-one move. The same states also give the share a uniformly random first action would reach, so
-the figure can be read against chance; `--random_play=N` also plays the config's validation
-levels (of `--env`, any environment) N times with uniformly random actions: the success of
-chance. Used in experiments/README.md to tell a policy that plans from one that guesses.
+Success rates on 64 validation levels move in steps of 1.6 points and mix planning with luck; this
+asks a sharper question of the same trajectories (the `eval/step_N.jsonl` files a run writes). For
+every turn whose state is still solvable within `--depth` moves, the reply's first action is optimal
+when it shortens the breadth-first solution (`envs.device.sokoban.solve`) by exactly one move. The
+same states also give the share a uniformly random first action would reach, so the figure can be
+read against chance; `--random_play=N` also plays the config's validation levels (of `--env`, any
+environment) N times with uniformly random actions: the success of chance. Used in
+experiments/README.md to tell a policy that plans from one that guesses.
 
 It also counts how a policy gets stuck (`loop_stats`): replies whose second move undoes the
 first (Up || Down), and turns after which the board is unchanged. A near-greedy policy (RAGEN
@@ -27,6 +27,7 @@ import jax
 
 from ragen_jax import envs
 from ragen_jax import tokenizers
+from ragen_jax.envs.device import sokoban
 from ragen_jax.rollout import prompts
 from ragen_jax.warm_start import demos
 from ragen_jax.config import schema
@@ -92,12 +93,12 @@ def action_quality(rows: Iterable[dict], env=None, depth: int = 20) -> Dict[str,
   turns, optimal, random_share = 0, 0, 0.0
   for grid, reply in turn_states(rows):
     state = env.from_text(grid)
-    plan = envs.sokoban.solve(state, depth)
+    plan = sokoban.solve(state, depth)
     if not plan:  # unsolvable within depth (or already solved): no optimal move
       continue
     good: List[bool] = []
     for a in range(env.num_actions):
-      after = envs.sokoban.solve(step(key, state, a)[0], depth)
+      after = sokoban.solve(step(key, state, a)[0], depth)
       good.append(after is not None and len(after) == len(plan) - 1)
     turns += 1
     random_share += sum(good) / len(good)

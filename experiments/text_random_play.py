@@ -16,10 +16,10 @@ import random
 
 import numpy as np
 
-from ragen_jax.envs.countdown import Countdown
-from ragen_jax.envs.math_env import MathEnv
-from ragen_jax.envs.sudoku import format_action
-from ragen_jax.envs.sudoku import Sudoku
+from ragen_jax.envs.text.countdown import Countdown
+from ragen_jax.envs.text.math_env import MathEnv
+from ragen_jax.envs.text.sudoku import format_action
+from ragen_jax.envs.text.sudoku import Sudoku
 
 
 def countdown_answer(env: Countdown, rng: random.Random) -> str:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ragen_jax import envs
-from ragen_jax.envs import bandit
+from ragen_jax.envs.device import bandit
 
 N = 20000
 

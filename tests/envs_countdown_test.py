@@ -9,7 +9,7 @@ import hypothesis
 import pytest
 from hypothesis import strategies as st
 
-from ragen_jax.envs import countdown
+from ragen_jax.envs.text import countdown
 from ragen_jax.envs import text
 
 OBS = re.compile(r"^Target: (\d+), nums: \[(\d+(?:, \d+)*)\]$")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ragen_jax import envs
-from ragen_jax.envs import frozenlake
+from ragen_jax.envs.device import frozenlake
 
 LEFT, DOWN, RIGHT, UP = range(4)
 DETERMINISTIC = envs.make("frozenlake", is_slippery=False)

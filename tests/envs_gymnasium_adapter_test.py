@@ -9,8 +9,8 @@ from hypothesis import given, settings, strategies as st
 import numpy as np
 import pytest
 
-from ragen_jax.envs import gymnasium_adapter
-from ragen_jax.envs.gymnasium_adapter import from_gymnasium
+from ragen_jax.envs.bridges import gymnasium as gym_bridge
+from ragen_jax.envs.bridges.gymnasium import from_gymnasium
 
 # Built-in envs and their action names in gymnasium's index order.
 BUILTINS = {
@@ -240,7 +240,7 @@ def test_errors():
 def test_gymnasium_missing(monkeypatch):
   monkeypatch.setitem(sys.modules, "gymnasium", None)
   with pytest.raises(ImportError, match="pip install gymnasium"):
-    gymnasium_adapter.from_gymnasium("FrozenLake-v1")
+    gym_bridge.from_gymnasium("FrozenLake-v1")
 
 
 @settings(max_examples=40, deadline=None)

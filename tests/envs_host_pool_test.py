@@ -17,7 +17,8 @@ import hypothesis
 from hypothesis import strategies as st
 import pytest
 
-from ragen_jax.envs import host_pool
+from ragen_jax.envs.host import records
+from ragen_jax.envs.host.pool import HostPool
 import text_env_fixtures as fixtures
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -33,7 +34,7 @@ def _replay(factory, seed, turns):
   env = factory()
   observation = env.reset(seed)
   names = env.action_names
-  start = host_pool.Start(
+  start = records.Start(
       observation,
       env.instruction or "",
       None if names is None else tuple(names),
@@ -53,9 +54,7 @@ def _replay(factory, seed, turns):
       success = success or bool(info.get("success", False))
       effective += bool(info.get("action_is_effective", True))
       valid = valid and bool(info.get("action_is_valid", True))
-    outcomes.append(
-        host_pool.Outcome(observation, reward, done, success, executed, effective, valid)
-    )
+    outcomes.append(records.Outcome(observation, reward, done, success, executed, effective, valid))
   return start, outcomes
 
 
@@ -77,7 +76,7 @@ def _expected(factory, seeds, turns):
 
 
 def _kinds(results):
-  return {i: r.kind if isinstance(r, host_pool.EnvFault) else type(r).__name__ for i, r in results}
+  return {i: r.kind if isinstance(r, records.EnvFault) else type(r).__name__ for i, r in results}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -87,7 +86,7 @@ def _kinds(results):
 def test_thread_mode_equals_direct_stepping():
   factory = functools.partial(fixtures.PoolWalk, goal=4)
   seeds = [0, 1, 2, 5, 7]
-  with host_pool.HostPool(factory, step_timeout_s=30) as pool:
+  with HostPool(factory, step_timeout_s=30) as pool:
     got = _play(pool, seeds, WALK_TURNS)
     assert got == _expected(factory, seeds, WALK_TURNS)
     # A second batch on the same pool: fresh instances.
@@ -95,29 +94,29 @@ def test_thread_mode_equals_direct_stepping():
 
 
 def test_outcome_fields():
-  with host_pool.HostPool(functools.partial(fixtures.PoolWalk, goal=4)) as pool:
+  with HostPool(functools.partial(fixtures.PoolWalk, goal=4)) as pool:
     start = pool.reset([2])[0]  # starts at 2
-    assert start == host_pool.Start("at 2", "Walk from 2 to 4.", fixtures.PoolWalk.action_names, 3)
+    assert start == records.Start("at 2", "Walk from 2 to 4.", fixtures.PoolWalk.action_names, 3)
     # Defaults when info is None: effective and valid, no success.
-    assert pool.step({0: ["bare"]})[0] == host_pool.Outcome(
+    assert pool.step({0: ["bare"]})[0] == records.Outcome(
         "at 2 after bare", 0.25, False, False, 1, 1, True
     )
-    assert pool.step({0: ["junk", "stay"]})[0] == host_pool.Outcome(
+    assert pool.step({0: ["junk", "stay"]})[0] == records.Outcome(
         "at 2 after stay", -0.6, False, False, 2, 0, False
     )
     # Done after the second action: the rest is not executed (PoolWalk raises if it were).
-    assert pool.step({0: ["up", "up", "up", "junk"]})[0] == host_pool.Outcome(
+    assert pool.step({0: ["up", "up", "up", "junk"]})[0] == records.Outcome(
         "at 4 after up", 2.0, True, True, 2, 2, True
     )
     # A finished episode executes nothing.
-    assert pool.step({0: ["up"]})[0] == host_pool.Outcome(
+    assert pool.step({0: ["up"]})[0] == records.Outcome(
         "at 4 after up", 0.0, True, False, 0, 0, True
     )
     assert pool.step({}) == {}
 
 
 def test_step_steps_only_the_keys_given_in_their_order():
-  with host_pool.HostPool(fixtures.PoolWalk) as pool:
+  with HostPool(fixtures.PoolWalk) as pool:
     pool.reset([0, 0, 0])
     results = pool.step({2: ["up"], 0: ["up", "up"]})
     assert list(results) == [2, 0]
@@ -139,7 +138,7 @@ def test_step_steps_only_the_keys_given_in_their_order():
 )
 def test_property_pool_equals_in_order_replay(seeds, turns, goal):
   factory = functools.partial(fixtures.PoolWalk, goal=goal)
-  with host_pool.HostPool(factory, step_timeout_s=30) as pool:
+  with HostPool(factory, step_timeout_s=30) as pool:
     assert _play(pool, seeds, turns) == _expected(factory, seeds, turns)
 
 
@@ -148,13 +147,13 @@ def test_property_pool_equals_in_order_replay(seeds, turns, goal):
 
 
 def test_reset_raises():
-  with host_pool.HostPool(fixtures.PoolFaulty, step_timeout_s=TIMEOUT_S) as pool:
+  with HostPool(fixtures.PoolFaulty, step_timeout_s=TIMEOUT_S) as pool:
     starts = pool.reset([0, -1, 1])
     fault = starts[1]
     assert fault.kind == "raised"
     assert fault.message == "reset raised ZeroDivisionError: integer division or modulo by zero"
     assert "Traceback" in fault.traceback and "ZeroDivisionError" in fault.traceback
-    assert starts[0] == host_pool.Start("seed 0", "", None, None)
+    assert starts[0] == records.Start("seed 0", "", None, None)
     assert starts[2].observation == "seed 1"
     results = pool.step({0: ["a"], 1: ["a"], 2: ["b"]})
     assert results[1].kind == "pool" and "already failed (raised)" in results[1].message
@@ -165,21 +164,21 @@ def test_factory_raises():
   def factory():
     raise OSError("no display")
 
-  with host_pool.HostPool(factory) as pool:
+  with HostPool(factory) as pool:
     (fault,) = pool.reset([0])
     assert fault.kind == "raised"
     assert fault.message == "the env factory raised OSError: no display"
 
 
 def test_step_raises_with_traceback():
-  with host_pool.HostPool(fixtures.PoolFaulty, step_timeout_s=TIMEOUT_S) as pool:
+  with HostPool(fixtures.PoolFaulty, step_timeout_s=TIMEOUT_S) as pool:
     pool.reset([0, 1])
     results = pool.step({0: ["ok", "raise", "ok"], 1: ["ok"]})
     fault = results[0]
     assert fault.kind == "raised"
     assert fault.message == "step raised ZeroDivisionError: division by zero"
     assert "Traceback" in fault.traceback and "return 1 / 0" in fault.traceback
-    assert results[1] == host_pool.Outcome("did ok", 1.0, False, False, 1, 1, True)
+    assert results[1] == records.Outcome("did ok", 1.0, False, False, 1, 1, True)
     again = pool.step({0: ["ok"], 1: ["ok"]})
     assert again[0].kind == "pool" and "episode 0 already failed" in again[0].message
     assert again[1].observation == "did ok"
@@ -187,13 +186,13 @@ def test_step_raises_with_traceback():
 
 def test_step_hangs_past_the_timeout():
   factory = functools.partial(fixtures.PoolFaulty, hang_s=30)
-  with host_pool.HostPool(factory, step_timeout_s=TIMEOUT_S) as pool:
+  with HostPool(factory, step_timeout_s=TIMEOUT_S) as pool:
     pool.reset([0, 1, 2])
     began = time.monotonic()
     results = pool.step({0: ["ok", "hang"], 1: ["ok", "ok"], 2: ["raise"]})
     assert time.monotonic() - began < PROMPT_S
     assert results[0].kind == "timeout" and "abandoned" in results[0].message
-    assert results[1] == host_pool.Outcome("did ok", 2.0, False, False, 2, 2, True)
+    assert results[1] == records.Outcome("did ok", 2.0, False, False, 2, 2, True)
     assert results[2].kind == "raised"
     assert pool.step({0: ["ok"], 1: ["ok"]})[1].observation == "did ok"
     began = time.monotonic()
@@ -203,7 +202,7 @@ def test_step_hangs_past_the_timeout():
 
 def test_reset_hangs_past_the_timeout():
   factory = functools.partial(fixtures.PoolFaulty, hang_s=30)
-  with host_pool.HostPool(factory, step_timeout_s=TIMEOUT_S) as pool:
+  with HostPool(factory, step_timeout_s=TIMEOUT_S) as pool:
     began = time.monotonic()
     starts = pool.reset([-3, 4])
     assert time.monotonic() - began < PROMPT_S
@@ -212,7 +211,7 @@ def test_reset_hangs_past_the_timeout():
 
 
 def test_reset_returns_a_non_string():
-  with host_pool.HostPool(fixtures.PoolFaulty) as pool:
+  with HostPool(fixtures.PoolFaulty) as pool:
     starts = pool.reset([-2, 0])
     assert starts[0].kind == "bad_observation" and "int" in starts[0].message
     assert starts[1].observation == "seed 0"
@@ -232,7 +231,7 @@ def test_reset_returns_a_non_string():
     ],
 )
 def test_step_returns_bad_values(action, kind):
-  with host_pool.HostPool(fixtures.PoolFaulty, step_timeout_s=TIMEOUT_S) as pool:
+  with HostPool(fixtures.PoolFaulty, step_timeout_s=TIMEOUT_S) as pool:
     pool.reset([0, 1])
     results = pool.step({0: ["ok", action, "ok"], 1: ["ok"]})
     assert results[0].kind == kind and results[0].message.startswith("step returned")
@@ -242,7 +241,7 @@ def test_step_returns_bad_values(action, kind):
 
 @pytest.mark.parametrize("which", ["action_names", "max_actions_per_turn", "instruction"])
 def test_malformed_attributes(which):
-  with host_pool.HostPool(functools.partial(fixtures.PoolNoisyAttributes, which)) as pool:
+  with HostPool(functools.partial(fixtures.PoolNoisyAttributes, which)) as pool:
     (fault,) = pool.reset([0])
     assert fault.kind == "bad_output" and which in fault.message
 
@@ -250,7 +249,7 @@ def test_malformed_attributes(which):
 def test_close_closes_live_instances_once():
   factory = functools.partial(fixtures.PoolFaulty, hang_s=30, close_raises=True)
   fixtures.PoolFaulty.closed.clear()
-  pool = host_pool.HostPool(factory, step_timeout_s=TIMEOUT_S)
+  pool = HostPool(factory, step_timeout_s=TIMEOUT_S)
   pool.reset([0, 1, 2])
   pool.step({2: ["hang"]})  # abandoned: never closed
   pool.reset([3, 4])  # closes episodes 0 and 1 of the first batch (close raises: swallowed)
@@ -282,9 +281,9 @@ def test_hung_env_does_not_block_interpreter_exit():
   done = _run_script(
       """
       import functools
-      from ragen_jax.envs import host_pool
+      from ragen_jax.envs.host.pool import HostPool
       import text_env_fixtures as fixtures
-      pool = host_pool.HostPool(
+      pool = HostPool(
           functools.partial(fixtures.PoolFaulty, hang_s=600), step_timeout_s=0.5)
       pool.reset([0, 1])
       results = pool.step({0: ["hang"], 1: ["ok"]})
@@ -298,11 +297,11 @@ def test_hung_env_does_not_block_interpreter_exit():
 
 def test_validation_of_arguments():
   with pytest.raises(ValueError, match="mode"):
-    host_pool.HostPool(fixtures.PoolWalk, mode="fork")
+    HostPool(fixtures.PoolWalk, mode="fork")
   with pytest.raises(ValueError, match="step_timeout_s"):
-    host_pool.HostPool(fixtures.PoolWalk, step_timeout_s=0)
+    HostPool(fixtures.PoolWalk, step_timeout_s=0)
   with pytest.raises(TypeError):
-    host_pool.HostPool(fixtures.PoolWalk())
+    HostPool(fixtures.PoolWalk())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,21 +326,21 @@ def _wait_gone(pids, within_s=PROMPT_S):
 def test_process_mode_equals_thread_mode():
   factory = functools.partial(fixtures.PoolWalk, goal=3)
   seeds = [0, 1, 2, 3, 4]
-  with host_pool.HostPool(factory, mode="process", workers=2, step_timeout_s=30) as pool:
+  with HostPool(factory, mode="process", workers=2, step_timeout_s=30) as pool:
     got = _play(pool, seeds, WALK_TURNS)
     assert len(pool.worker_pids()) == 2
     again = _play(pool, seeds[:2], WALK_TURNS)  # the same workers serve the next batch
     assert len(pool.worker_pids()) == 2
   assert got == _expected(factory, seeds, WALK_TURNS)
   assert again == _expected(factory, seeds[:2], WALK_TURNS)
-  with host_pool.HostPool(factory, step_timeout_s=30) as pool:
+  with HostPool(factory, step_timeout_s=30) as pool:
     assert _play(pool, seeds, WALK_TURNS) == got
 
 
 def test_process_mode_faults_and_hang_on_one_worker():
   factory = functools.partial(fixtures.PoolFaulty, hang_s=30)
   # One worker: every episode shares it with the hung one.
-  with host_pool.HostPool(factory, mode="process", workers=1, step_timeout_s=TIMEOUT_S) as pool:
+  with HostPool(factory, mode="process", workers=1, step_timeout_s=TIMEOUT_S) as pool:
     starts = pool.reset([0, 1, -1, 3])
     assert starts[2].kind == "raised" and "ZeroDivisionError" in starts[2].traceback
     (pid,) = pool.worker_pids()
@@ -360,7 +359,7 @@ def test_process_mode_faults_and_hang_on_one_worker():
 
 def test_killed_worker_fails_its_episodes_and_is_restarted():
   factory = functools.partial(fixtures.PoolFaulty, slow_s=1.5)
-  with host_pool.HostPool(factory, mode="process", workers=2, step_timeout_s=60) as pool:
+  with HostPool(factory, mode="process", workers=2, step_timeout_s=60) as pool:
     pool.reset([0, 1, 2, 3])  # worker 0: episodes 0 and 2
     pids = pool.worker_pids()
     killer = threading.Timer(0.3, os.kill, (pids[0], signal.SIGKILL))
@@ -382,18 +381,18 @@ def test_killed_worker_fails_its_episodes_and_is_restarted():
 def test_unpicklable_factory_is_refused():
   with pytest.raises(ValueError, match="mode='thread'"):
     # pylint: disable-next=unnecessary-lambda
-    host_pool.HostPool(lambda: fixtures.PoolWalk(), mode="process")
+    HostPool(lambda: fixtures.PoolWalk(), mode="process")
 
   class Local(fixtures.PoolWalk):
     pass
 
   with pytest.raises(ValueError, match="module-level"):
-    host_pool.HostPool(Local, mode="process")
-  host_pool.HostPool(Local).close()  # fine in thread mode
+    HostPool(Local, mode="process")
+  HostPool(Local).close()  # fine in thread mode
 
 
 def test_process_close_leaves_no_children():
-  with host_pool.HostPool(fixtures.PoolWalk, mode="process", workers=2) as pool:
+  with HostPool(fixtures.PoolWalk, mode="process", workers=2) as pool:
     assert pool.worker_pids() == []  # started lazily
     pool.reset([0, 1, 2])
     pids = pool.worker_pids()
@@ -406,9 +405,9 @@ def test_process_close_leaves_no_children():
 def test_process_workers_do_not_outlive_the_interpreter():
   done = _run_script(
       """
-      from ragen_jax.envs import host_pool
+      from ragen_jax.envs.host.pool import HostPool
       import text_env_fixtures as fixtures
-      pool = host_pool.HostPool(fixtures.PoolWalk, mode="process", workers=2)
+      pool = HostPool(fixtures.PoolWalk, mode="process", workers=2)
       pool.reset([0, 1])
       print(*pool.worker_pids(), flush=True)
       """,
@@ -422,17 +421,17 @@ def test_process_workers_do_not_outlive_the_interpreter():
 
 @pytest.mark.parametrize("mode", ["thread", "process"])
 def test_expert_calls_the_instances_own_expert(mode):
-  with host_pool.HostPool(fixtures.PoolExpert, mode=mode, workers=2) as pool:
+  with HostPool(fixtures.PoolExpert, mode=mode, workers=2) as pool:
     pool.reset([0, 1, 2])
     plans = pool.expert([2, 0])
     assert list(plans) == [2, 0]
-    assert plans[0] == host_pool.Plan(("up",) * 4, "4 to go.")
-    assert plans[2] == host_pool.Plan(("up",) * 2, "2 to go.")
+    assert plans[0] == records.Plan(("up",) * 4, "4 to go.")
+    assert plans[2] == records.Plan(("up",) * 2, "2 to go.")
     pool.step({0: ["up"]})
     assert pool.expert([0])[0].answers == ("up",) * 3  # the state after the step
-  with host_pool.HostPool(functools.partial(fixtures.PoolExpert, goal=99), mode=mode) as pool:
+  with HostPool(functools.partial(fixtures.PoolExpert, goal=99), mode=mode) as pool:
     pool.reset([0, 1])
     plans = pool.expert([0, 1])
     assert plans[0].kind == "bad_output" and "expert() returned" in plans[0].message
-    assert isinstance(plans[1], host_pool.Plan)
+    assert isinstance(plans[1], records.Plan)
     assert pool.step({0: ["up"]})[0].kind == "pool"  # the failed episode is not called again

@@ -21,9 +21,9 @@ import hypothesis
 from hypothesis import strategies as st
 import pytest
 
-from ragen_jax.envs import http_env
-from ragen_jax.envs import serve
 from ragen_jax.envs import text
+from ragen_jax.envs.serve import server as env_server
+from ragen_jax.envs.serve.client import HttpEnv
 import text_env_fixtures as fixtures
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -33,7 +33,7 @@ TIMEOUT_S = 30.0  # generous: a loaded 2-core machine
 
 @contextlib.contextmanager
 def _served(factory, options=None, **server_options):
-  server = serve.serve(factory, "127.0.0.1", 0, options, background=True, **server_options)
+  server = env_server.serve(factory, "127.0.0.1", 0, options, background=True, **server_options)
   try:
     yield server
   finally:
@@ -82,7 +82,7 @@ WEIRD_ACTIONS = ["", " 12 ", "é漢字🙂", '\x00\n\t"\\', "\ud800", "15", "NaN
 def test_served_guessing_equals_in_process(guess_url, seed):
   for actions in (["10", "20", "x", "25", "3", "30"], WEIRD_ACTIONS):
     local = _play(fixtures.GuessNumber(low=1, high=30), seed, actions)
-    remote_env = http_env.HttpEnv(guess_url, timeout_s=TIMEOUT_S)
+    remote_env = HttpEnv(guess_url, timeout_s=TIMEOUT_S)
     assert _play(remote_env, seed, actions) == local
     remote_env.close()
 
@@ -91,7 +91,7 @@ def test_served_vocabulary_env_equals_in_process():
   with _served(fixtures.Counter, {"limit": 2}) as server:
     for seed in range(3):
       actions = ["inc", "dec", "inc", "inc", "stop"]
-      remote = _play(http_env.HttpEnv(server.url), seed, actions)
+      remote = _play(HttpEnv(server.url), seed, actions)
       assert remote == _play(fixtures.Counter(limit=2), seed, actions)
       assert remote[1] == ("Reach the limit by counting up.", ["inc", "dec", "stop"])
       assert remote[2] == 2
@@ -100,7 +100,7 @@ def test_served_vocabulary_env_equals_in_process():
 @hypothesis.settings(max_examples=25)
 @hypothesis.given(seed=st.integers(-(2**64), 2**64), actions=st.lists(st.text(), max_size=6))
 def test_arbitrary_answers_go_through_verbatim(guess_url, seed, actions):
-  remote_env = http_env.HttpEnv(guess_url, timeout_s=TIMEOUT_S)
+  remote_env = HttpEnv(guess_url, timeout_s=TIMEOUT_S)
   try:
     remote = _play(remote_env, seed, actions)
   finally:
@@ -112,7 +112,7 @@ def test_arbitrary_answers_go_through_verbatim(guess_url, seed, actions):
 
 def test_reset_closes_the_previous_episode_and_close_is_idempotent():
   with _served(fixtures.Counter) as server:
-    env = http_env.HttpEnv(server.url + "/")
+    env = HttpEnv(server.url + "/")
     env.reset(0)
     env.reset(1)
     assert _healthy(server.url) == 1
@@ -128,28 +128,28 @@ def test_reset_closes_the_previous_episode_and_close_is_idempotent():
 
 def test_environment_exceptions_become_runtime_errors_and_the_server_goes_on():
   with _served(fixtures.Faulty) as server:
-    env = http_env.HttpEnv(server.url, timeout_s=TIMEOUT_S)
+    env = HttpEnv(server.url, timeout_s=TIMEOUT_S)
     assert env.reset(0) == "ready"
     assert env.step("fine") == ("ok fine", 0.0, False, {})
     with pytest.raises(RuntimeError, match=r"HTTP 500: step raised ValueError: boom on 'explode'"):
       env.step("explode")
     assert env.step("again") == ("ok again", 0.0, False, {})  # the episode is still there
     with pytest.raises(RuntimeError, match="reset raised KeyError: 'unlucky seed'"):
-      http_env.HttpEnv(server.url).reset(13)
+      HttpEnv(server.url).reset(13)
     status, answer, _ = _call(server.url, "POST", "/episodes", b'{"seed": 13}')
     assert status == 500 and answer["exception"] == "KeyError", answer
-    other = http_env.HttpEnv(server.url)
+    other = HttpEnv(server.url)
     assert other.reset(1) == "ready" and other.step("x")[0] == "ok x"
     assert _healthy(server.url) == 2
   with _served(fixtures.Counter, {"no_such_option": 1}) as server:
     with pytest.raises(RuntimeError, match="factory raised TypeError"):
-      http_env.HttpEnv(server.url).reset(0)
+      HttpEnv(server.url).reset(0)
     assert _healthy(server.url) == 0
 
 
 def test_a_stopped_server_makes_the_next_step_raise_promptly():
-  server = serve.serve(fixtures.Counter, background=True)
-  env = http_env.HttpEnv(server.url, timeout_s=TIMEOUT_S)
+  server = env_server.serve(fixtures.Counter, background=True)
+  env = HttpEnv(server.url, timeout_s=TIMEOUT_S)
   env.reset(0)
   env.step("inc")
   server.close()
@@ -177,7 +177,7 @@ class _Blocking(text.TextEnv):
 def test_an_unanswered_step_times_out_instead_of_hanging():
   _Blocking.release.clear()
   with _served(_Blocking) as server:
-    env = http_env.HttpEnv(server.url, timeout_s=0.5)
+    env = HttpEnv(server.url, timeout_s=0.5)
     env.reset(0)
     start = time.monotonic()
     try:
@@ -194,7 +194,7 @@ def test_non_finite_rewards_and_odd_values_pass_through():
     for seed, check in enumerate(
         [math.isnan, lambda r: r == math.inf, lambda r: r == -math.inf, lambda r: r == 0.25]
     ):
-      env = http_env.HttpEnv(server.url)
+      env = HttpEnv(server.url)
       observation = env.reset(seed)
       assert observation == fixtures.Odd.OBSERVATIONS[seed]
       observation, reward, done, info = env.step("a")
@@ -251,7 +251,7 @@ def _in_threads(*calls):
 
 def test_episodes_step_concurrently_and_one_episode_never_interleaves():
   with _served(_Concurrency) as server:
-    first, second = http_env.HttpEnv(server.url), http_env.HttpEnv(server.url)
+    first, second = HttpEnv(server.url), HttpEnv(server.url)
     first.reset(0)
     second.reset(0)
     assert not _in_threads(lambda: first.step("meet"), lambda: second.step("meet"))
@@ -273,7 +273,7 @@ class _Closes(fixtures.Counter):
 def test_the_least_recently_used_idle_episode_is_closed_beyond_the_cap():
   _Closes.closed.clear()
   with _served(_Closes, max_episodes=2) as server:
-    envs = [http_env.HttpEnv(server.url) for _ in range(3)]
+    envs = [HttpEnv(server.url) for _ in range(3)]
     envs[0].reset(0)
     envs[1].reset(1)
     envs[0].step("inc")  # envs[1] is now the least recently used
@@ -292,7 +292,7 @@ def _busy_episode_locked(server):
 def test_a_new_episode_is_refused_when_every_episode_is_busy():
   _Blocking.release.clear()
   with _served(_Blocking, max_episodes=1) as server:
-    busy = http_env.HttpEnv(server.url)
+    busy = HttpEnv(server.url)
     busy.reset(0)
     stepping = threading.Thread(target=busy.step, args=("block",))
     stepping.start()
@@ -301,7 +301,7 @@ def test_a_new_episode_is_refused_when_every_episode_is_busy():
       while not _busy_episode_locked(server) and time.monotonic() < deadline:
         time.sleep(0.01)
       with pytest.raises(RuntimeError, match="HTTP 503"):
-        http_env.HttpEnv(server.url).reset(1)
+        HttpEnv(server.url).reset(1)
     finally:
       _Blocking.release.set()
       stepping.join(TIMEOUT_S)
@@ -387,7 +387,7 @@ def test_oversized_missing_length_and_broken_requests(guess_url):
     body = b'{"seed": 1}'.ljust(64)
     assert _call(server.url, "POST", "/episodes", body)[0] == 200
     assert _call(server.url, "POST", "/episodes", body + b" ")[0] == 413
-    env = http_env.HttpEnv(server.url)
+    env = HttpEnv(server.url)
     env.reset(0)
     with pytest.raises(RuntimeError, match="HTTP 413"):  # not a connection reset
       env.step("x" * 100_000)
@@ -488,7 +488,7 @@ def test_command_line_serves_until_terminated(tmp_path):
     )
     url = first.split()[-1]
     assert _healthy(url) == 0
-    env = http_env.HttpEnv(url, timeout_s=TIMEOUT_S)
+    env = HttpEnv(url, timeout_s=TIMEOUT_S)
     assert env.reset(0) == "value 0"
     assert env.max_actions_per_turn == 2 and env.action_names == ["inc", "dec", "stop"]
     assert env.step("inc") == ("value 1", 0.0, False, {"success": False})
@@ -539,6 +539,6 @@ def test_command_line_rejects_a_bad_import_path():
 def test_command_line_rejects_bad_entries_and_options_clearly(capsys, args, message):
   # In process (the same main as the subprocess above): nothing starts serving.
   with pytest.raises(SystemExit) as exit_info:
-    serve.main([*args, "--port=0"])
+    env_server.main([*args, "--port=0"])
   assert exit_info.value.code == 2
   assert message in capsys.readouterr().err

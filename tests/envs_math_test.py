@@ -9,8 +9,8 @@ import hypothesis
 from hypothesis import strategies as st
 import pytest
 
-from ragen_jax.envs import math_env
-from ragen_jax.envs import math_questions
+from ragen_jax.envs.text import math_env
+from ragen_jax.envs.text import math_questions
 from ragen_jax.envs import text
 
 RETRY = "Incorrect. Please think again."  # RAGEN's feedback, written out to catch a changed one

@@ -9,7 +9,7 @@ import pytest
 reasoning_gym = pytest.importorskip("reasoning_gym")
 
 # pylint: disable=wrong-import-position
-from ragen_jax.envs import reasoning_gym_adapter as rga
+from ragen_jax.envs.bridges import reasoning_gym as rga
 from ragen_jax.envs import text
 
 # basic_arithmetic grades with reasoning-gym's default scorer (exact match, else partial credit

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ragen_jax import envs
-from ragen_jax.envs import sokoban
+from ragen_jax.envs.device import sokoban
 
 ENV1 = envs.make("sokoban", dim_room=(6, 6), num_boxes=1, max_steps=100)
 ENV2 = envs.make("sokoban", dim_room=(6, 6), num_boxes=2, max_steps=100)

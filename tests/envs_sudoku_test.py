@@ -7,7 +7,7 @@ import hypothesis
 from hypothesis import strategies as st
 import pytest
 
-from ragen_jax.envs import sudoku
+from ragen_jax.envs.text import sudoku
 
 # A hand-written 4x4 with 7 givens. Its solution, worked by hand: r1c4 = 4 (row 1 lacks 2, 4;
 # column 4 has 2), so r1c2 = 2; column 2 then lacks 3, 4 and box 1 has 4 left for r2c2, so

@@ -21,7 +21,7 @@ from ragen_jax import models
 from ragen_jax import rollout
 from ragen_jax import sampling
 from ragen_jax import tokenizers
-from ragen_jax.envs import sokoban
+from ragen_jax.envs.device import sokoban
 from ragen_jax.rollout import env_batch
 from ragen_jax.rollout import policies
 

@@ -18,7 +18,7 @@ from ragen_jax import envs
 from ragen_jax import models
 from ragen_jax import rollout
 from ragen_jax import tokenizers
-from ragen_jax.envs import serve
+from ragen_jax.envs.serve import server as env_server
 from ragen_jax.warm_start import demos
 
 from examples import guess_number
@@ -226,7 +226,7 @@ def test_process_pool_plays_the_same_episodes_as_threads():
 def test_served_environment_plays_like_the_class_in_process():
   import text_env_fixtures  # pylint: disable=import-outside-toplevel
 
-  server = serve.serve(text_env_fixtures.GuessNumber, "127.0.0.1", 0, {}, background=True)
+  server = env_server.serve(text_env_fixtures.GuessNumber, "127.0.0.1", 0, {}, background=True)
   try:
     url = server.url
     guesses = lambda state, ep: str(20 + 3 * len(ep.turns))
@@ -251,12 +251,12 @@ def test_served_environment_plays_like_the_class_in_process():
 def test_reasoning_gym_retries_pay_half_per_wrong_answer_in_the_rollout():
   """reasoning-gym's chain_sum through the rollout: a wrong answer, RAGEN's feedback, then the
   dataset's own answer, which pays 1/2 on the second attempt."""
-  from ragen_jax.envs import reasoning_gym_adapter as rga  # pylint: disable=import-outside-toplevel
+  from ragen_jax.envs.bridges import reasoning_gym as rga  # pylint: disable=import-outside-toplevel
 
   dataset = rga.get_dataset("chain_sum", None, 10000, 0)
   env = envs.make(
       "",
-      entry="ragen_jax.envs.reasoning_gym_adapter:ReasoningGymEnv",
+      entry="ragen_jax.envs.bridges.reasoning_gym:ReasoningGymEnv",
       dataset="chain_sum",
       max_attempts=3,
   )

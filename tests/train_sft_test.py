@@ -11,6 +11,7 @@ from ragen_jax import envs
 from ragen_jax import models
 from ragen_jax import rollout
 from ragen_jax import tokenizers
+from ragen_jax.envs.device import sokoban
 from ragen_jax.rollout import prompts
 from ragen_jax.warm_start import demos
 from ragen_jax.warm_start import sft
@@ -66,7 +67,7 @@ def test_sokoban_expert_plays_optimal_plans(tok):
   )
   keys = jax.vmap(jax.random.key)(500 + np.arange(8))
   starts = jax.jit(eng.env.reset_batch)(keys)
-  optimal = [len(envs.sokoban.solve(jax.tree.map(lambda x: x[i], starts), 30)) for i in range(8)]
+  optimal = [len(sokoban.solve(jax.tree.map(lambda x: x[i], starts), 30)) for i in range(8)]
   np.testing.assert_array_equal(result.metrics["num_actions"], optimal)
 
 

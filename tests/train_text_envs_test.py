@@ -62,7 +62,7 @@ def test_gymnasium_frozenlake_trains_beside_a_jax_environment(tmp_path):
       "smoke",
       envs=dict(
           gym_frozenlake=cs.env(
-              entry="ragen_jax.envs.gymnasium_adapter:from_gymnasium",
+              entry="ragen_jax.envs.bridges.gymnasium:from_gymnasium",
               options=dict(env_id="FrozenLake-v1", is_slippery=False),
           ),
           bandit=cs.env("bandit"),

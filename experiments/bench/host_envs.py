@@ -11,7 +11,7 @@ turns, CPU_SCALE's max_new_tokens 48, max_context 1024, max_turn_tokens 256), pl
                   in one jitted, vmapped call per turn (rollout.env_batch.JaxBatch);
   thread          `HostFrozenLake` below, a TextEnv around the same game that sleeps --sleep-ms
                   in every reset and step call (an env waiting on I/O, a simulator, a server),
-                  one instance per episode on host_pool threads (rollout.env_batch.HostBatch);
+                  one instance per episode on envs.host.pool threads (rollout.env_batch.HostBatch);
   process         the same in `--workers` spawned processes (pool="process");
   thread-nosleep  / process-nosleep: the host path's own cost, without the sleep.
 The host environment plays exactly the episodes of the JAX path (checked: every run's
@@ -41,7 +41,8 @@ from ragen_jax import envs
 from ragen_jax import models
 from ragen_jax import rollout
 from ragen_jax import tokenizers
-from ragen_jax.envs import host_pool
+from ragen_jax.envs.host import records
+from ragen_jax.envs.host.pool import HostPool
 from ragen_jax.train import policy
 
 _GAME = envs.make("frozenlake", is_slippery=False)
@@ -107,7 +108,7 @@ class NoopEnv(envs.TextEnv):
 
 def pool_overhead(mode, episodes, workers, steps=20):
   """Median seconds of one `HostPool.step` of `episodes` no-op episodes, one action each."""
-  pool = host_pool.HostPool(NoopEnv, mode=mode, workers=workers)
+  pool = HostPool(NoopEnv, mode=mode, workers=workers)
   pool.reset(range(episodes))
   times = []
   for _ in range(steps + 1):  # the first step warms up
@@ -265,7 +266,7 @@ def main():
       f"the pool's own cost, a no-op env, one step of {episodes} episodes: "
       + ", ".join(
           f"{mode} {1e3 * pool_overhead(mode, episodes, args.workers):.1f} ms"
-          for mode in host_pool.MODES
+          for mode in records.MODES
       )
   )
   sys.stdout.flush()

@@ -27,7 +27,7 @@ from ragen_jax import rollout as rollout_lib
 from ragen_jax.config_checks import check_arguments, check_fields, NonNegativeInt
 from ragen_jax.config_checks import NonNegativeFloat, PositiveFloat, PositiveInt, UnitFloat
 from ragen_jax.diagnostics import CollapseConfig
-from ragen_jax.envs import base as env_base
+from ragen_jax.envs.device import base as env_base
 from ragen_jax.sharding import MeshSpec
 from ragen_jax.diagnostics.early_stop import EarlyStopConfig
 from ragen_jax.warm_start.sft import SFTConfig

@@ -8,27 +8,35 @@ text = env.render(state)                                  # host side, RAGEN's g
 state = env.from_text(text)                               # inverse of render (grid format)
 
 Text environments (`envs.TextEnv`: reset(seed) -> str, step(str) -> obs, reward, done, info)
-are stepped on the host, one instance per episode (`envs.text`, `envs.host_pool`);
-`envs.register(name, factory)` or an entry `package.module:Name` makes one available
-(`envs.registry`), `envs.gymnasium_adapter` and `envs.reasoning_gym_adapter` wrap other
-packages' environments, and `python -m ragen_jax.envs.serve` serves one over HTTP.
+are stepped on the host, one instance per episode. `envs.register(name, factory)` or an entry
+`package.module:Name` makes one available (`envs.registry`). The parts:
+  device/   the pure-JAX environments that run on the accelerator: the `Env` contract (base),
+            Sokoban (and its level generator), FrozenLake, Bandit
+  text/     the `TextEnv` contract (`envs.text`) and RAGEN's text environments: Countdown,
+            Sudoku, math (with its question generator)
+  host/     stepping text environments on the host: `host.pool.HostPool` (threads or worker
+            processes), its episode actors, and the records it returns (`host.records`)
+  serve/    one text environment over HTTP: `python -m ragen_jax.envs.serve` (serve.server) and
+            the client `serve.client.HttpEnv`
+  bridges/  other packages' environments as text environments: gymnasium (`envs.from_gymnasium`)
+            and reasoning-gym
 """
 
-from ragen_jax.envs import base
-from ragen_jax.envs.bandit import Bandit, BanditState
-from ragen_jax.envs.base import Env
-from ragen_jax.envs.frozenlake import FrozenLake, FrozenLakeState
+from ragen_jax.envs.device import base
+from ragen_jax.envs.device.bandit import Bandit, BanditState
+from ragen_jax.envs.device.base import Env
+from ragen_jax.envs.device.frozenlake import FrozenLake, FrozenLakeState
+from ragen_jax.envs.device.sokoban import Sokoban, SokobanState
 from ragen_jax.envs.registry import HostEnv
 from ragen_jax.envs.registry import is_jax
 from ragen_jax.envs.registry import make
 from ragen_jax.envs.registry import register
 from ragen_jax.envs.registry import REGISTRY
-from ragen_jax.envs.sokoban import Sokoban, SokobanState
 from ragen_jax.envs.text import TextEnv
 
 
 def from_gymnasium(*args, **kwargs):
-  """`envs.gymnasium_adapter.from_gymnasium` (imported on use: gymnasium is optional)."""
-  from ragen_jax.envs import gymnasium_adapter  # pylint: disable=import-outside-toplevel
+  """`envs.bridges.gymnasium.from_gymnasium` (imported on use: gymnasium is optional)."""
+  from ragen_jax.envs.bridges import gymnasium as bridge  # pylint: disable=import-outside-toplevel
 
-  return gymnasium_adapter.from_gymnasium(*args, **kwargs)
+  return bridge.from_gymnasium(*args, **kwargs)

@@ -17,15 +17,14 @@ import inspect
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from ragen_jax.config_checks import check_arguments, check_fields, PositiveFloat
-from ragen_jax.envs import base
-from ragen_jax.envs.bandit import Bandit
-from ragen_jax.envs.countdown import Countdown
-from ragen_jax.envs.frozenlake import FrozenLake
-from ragen_jax.envs.math_env import MathEnv
-from ragen_jax.envs.sokoban import Sokoban
-from ragen_jax.envs.sudoku import Sudoku
-
-POOL_MODES = ("thread", "process")
+from ragen_jax.envs.device import base
+from ragen_jax.envs.device.bandit import Bandit
+from ragen_jax.envs.device.frozenlake import FrozenLake
+from ragen_jax.envs.device.sokoban import Sokoban
+from ragen_jax.envs.host.records import MODES as POOL_MODES
+from ragen_jax.envs.text.countdown import Countdown
+from ragen_jax.envs.text.math_env import MathEnv
+from ragen_jax.envs.text.sudoku import Sudoku
 
 # name -> a pure-JAX `base.Env` dataclass, or a factory of text environments (envs.text).
 REGISTRY: Dict[str, Callable[..., Any]] = {
@@ -44,7 +43,7 @@ class HostEnv:
   """A text environment of one tag, stepped on the host: `new()` builds one episode's instance.
 
   `pool`, `workers` and `step_timeout_s` say how the rollout steps the instances
-  (ragen_jax.envs.host_pool).
+  (ragen_jax.envs.host.pool).
   """
 
   name: str
@@ -104,9 +103,9 @@ def import_attribute(path: str, what: str, form: str = "'package.module:Name'") 
 def load_entry(entry: str) -> Callable[..., Any]:
   """The factory an entry names: "package.module:Name" or an http(s) URL of a served env."""
   if entry.startswith(("http://", "https://")):
-    from ragen_jax.envs import http_env  # pylint: disable=import-outside-toplevel
+    from ragen_jax.envs.serve.client import HttpEnv  # pylint: disable=import-outside-toplevel
 
-    return functools.partial(http_env.HttpEnv, entry)
+    return functools.partial(HttpEnv, entry)
   factory = import_attribute(
       entry, "environment entry", "'package.module:Name' or an http(s):// URL"
   )

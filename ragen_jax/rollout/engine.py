@@ -67,6 +67,7 @@ import numpy as np
 from ragen_jax import distributed
 from ragen_jax import models
 from ragen_jax import sampling
+from ragen_jax.envs.host.records import EnvFault
 from ragen_jax.rollout import env_batch
 from ragen_jax.rollout import episodes as episodes_lib
 from ragen_jax.rollout import prompts
@@ -213,7 +214,7 @@ class Rollout:
   def _open(self, seed: int, start) -> Episode:
     """A new episode with its system prompt (or ended by the reset's fault)."""
     c = self.config
-    if isinstance(start, env_batch.EnvFault):
+    if isinstance(start, EnvFault):
       ep = Episode(seed, [], None, c.max_actions_per_traj, 1, done=True)
       self._fault(ep, start)
       return ep
@@ -315,7 +316,7 @@ class Rollout:
   def _outcome(self, ep: Episode, outcome, turn_number: int) -> None:
     """Records what the environment made of the turn's actions."""
     c, turn = self.config, ep.turns[-1]
-    if isinstance(outcome, env_batch.EnvFault):
+    if isinstance(outcome, EnvFault):
       self._fault(ep, outcome)
       ep.done = True
       return

@@ -1,13 +1,13 @@
 """The rollout's view of an environment: a batch of episodes, strings in and strings out.
 
     envs_ = env_batch.make(env, config, batch_size)   # a JaxBatch or a HostBatch
-    starts = envs_.reset(seed, rows)                  # per local row: host_pool.Start | EnvFault
+    starts = envs_.reset(seed, rows)                  # per local row: Start | EnvFault
     outcomes = envs_.step({i: ["Up", "Left"]}, key)   # per stepped row: Outcome | EnvFault
 
 `JaxBatch` plays a pure-JAX environment: every row reset and stepped in one jitted, vmapped
 call (the names are matched back to action indices), the states rendered on the host.
 `HostBatch` plays a text environment (envs.TextEnv), one instance per episode, stepped
-concurrently by `envs.host_pool.HostPool` with a timeout; a failing instance comes back as an
+concurrently by `envs.host.pool.HostPool` with a timeout; a failing instance comes back as an
 `EnvFault` for its row only. Group g of a batch starts from the level of seed `seed + g`.
 
 Dimension legend: B episodes of the whole batch, b this process's rows, A actions per turn.
@@ -22,11 +22,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax import distributed
-from ragen_jax.envs import host_pool
 from ragen_jax.envs import registry
-
-Start, Outcome, EnvFault = host_pool.Start, host_pool.Outcome, host_pool.EnvFault
-Plan = host_pool.Plan
+from ragen_jax.envs.host.pool import HostPool
+from ragen_jax.envs.host.records import Outcome
+from ragen_jax.envs.host.records import Plan
+from ragen_jax.envs.host.records import Start
 
 
 def make(env, config, batch_size: int, sharder=None):
@@ -150,13 +150,13 @@ def has_expert(env) -> bool:
 
 
 class HostBatch:
-  """A text environment's episodes, one instance each, in a `host_pool.HostPool`."""
+  """A text environment's episodes, one instance each, in a `ragen_jax.envs.host.pool.HostPool`."""
 
   legend: Dict[str, str] = {}
 
   def __init__(self, env: registry.HostEnv, config, batch_size: int):
     self.env, self.config, self.batch_size = env, config, batch_size
-    self.pool = host_pool.HostPool(
+    self.pool = HostPool(
         env.bound(), mode=env.pool, workers=env.workers, step_timeout_s=env.step_timeout_s
     )
     self._observations: Dict[int, str] = {}

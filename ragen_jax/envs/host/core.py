@@ -1,19 +1,18 @@
 """The host pool's state and logic shared by its modes: a batch of episodes, their calls, faults.
 
 `Core` resets and steps a batch of episodes and records timeouts and faults; a subclass runs the
-calls: `_ThreadCore` in ragen_jax.envs.host_pool (actor threads in this process) and
-`ProcessCore` in ragen_jax.envs.host_workers (actor threads in worker processes).
+calls: `_ThreadCore` in ragen_jax.envs.host.pool (actor threads in this process) and
+`ProcessCore` in ragen_jax.envs.host.workers (actor threads in worker processes).
 """
 
 from collections.abc import Sequence
 import itertools
-import logging
 import threading
 from typing import Any, Callable, Optional
 
-from ragen_jax.envs import host_actor
-
-_log = logging.getLogger("ragen_jax.envs.host_pool")  # the pool's one logger
+from ragen_jax.envs.host import records
+from ragen_jax.envs.host.actor import Actor
+from ragen_jax.envs.host.records import log as _log
 
 
 class Episode:
@@ -23,9 +22,9 @@ class Episode:
 
   def __init__(self, uid: int):
     self.uid = uid
-    self.actor: Optional[host_actor.Actor] = None
-    self.worker: Any = None  # mode="process": its host_workers worker
-    self.fault: Optional[host_actor.EnvFault] = None
+    self.actor: Optional[Actor] = None
+    self.worker: Any = None  # mode="process": its ragen_jax.envs.host.workers worker
+    self.fault: Optional[records.EnvFault] = None
     self.closable = True  # has an instance that may still be called (to close it)
 
 
@@ -69,12 +68,12 @@ class Core:
   def _record(self, i: int, result: Any, what: str) -> Any:
     episode = self.episodes[i]
     if result is None:
-      result = host_actor.EnvFault(
+      result = records.EnvFault(
           "timeout",
           f"{what} did not return within {self.timeout_s:g} s; the instance is abandoned",
       )
       self._abandon(episode)
-    if isinstance(result, host_actor.EnvFault) and episode.fault is None:
+    if isinstance(result, records.EnvFault) and episode.fault is None:
       episode.fault = result
     return result
 
@@ -113,10 +112,8 @@ class Core:
         if fault is None:
           live[i] = call
         else:
-          message = host_actor.one_line(
-              f"episode {i} already failed ({fault.kind}): {fault.message}"
-          )
-          results[i] = host_actor.EnvFault("pool", message)
+          message = records.one_line(f"episode {i} already failed ({fault.kind}): {fault.message}")
+          results[i] = records.EnvFault("pool", message)
       arrived = self._run(live)
       for i, (_, payload) in live.items():
         results[i] = self._record(i, arrived.get(i), what(payload))

@@ -7,7 +7,7 @@
   env.close()                        # deletes the episode; errors swallowed (server gone)
 
 One HttpEnv plays one episode at a time, like any TextEnv; make one per concurrent episode.
-The protocol is in ragen_jax.envs.serve. Failures raise:
+The protocol is in ragen_jax.envs.serve.server. Failures raise:
   RuntimeError     the server answered an error: the environment raised (the message names
                    its exception type and message), a 4xx, or an answer that is not the protocol's
   TimeoutError     no answer within timeout_s (per connect and per read, not per request)

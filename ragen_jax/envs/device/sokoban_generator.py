@@ -33,7 +33,7 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
-from ragen_jax.envs import base
+from ragen_jax.envs.device import base
 
 # Walk directions (row, col): down, right, up, left, as gym-sokoban's topology walk. Numpy, not
 # jnp: importing the package must not start a JAX backend (jax.distributed.initialize comes first).

@@ -1,73 +1,26 @@
-"""One episode's host env instance: its actor thread, the checks of what it returns, the records.
+"""One episode's host env instance: its actor thread and the checks of what it returns.
 
 `Actor` owns one instance on its own daemon thread and serves that episode's calls in order,
-turning whatever the env does into a `Start`, an `Outcome` or an `EnvFault`. Both modes of
-`ragen_jax.envs.host_pool.HostPool` run their episodes in actors (in mode="process", inside the
-worker processes of `ragen_jax.envs.host_workers`); the fault kinds are documented in host_pool.
+turning whatever the env does into a `Start`, an `Outcome` or an `EnvFault` (the records of
+ragen_jax.envs.host.records). Both modes of `ragen_jax.envs.host.pool.HostPool` run their episodes
+in actors (in mode="process", inside the worker processes of `ragen_jax.envs.host.workers`); the
+fault kinds are documented in ragen_jax.envs.host.pool.
 """
 
 from collections.abc import Mapping, Sequence
-import dataclasses
-import logging
 import math
 import numbers
 import queue
 import threading
 import traceback as traceback_lib
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
-_log = logging.getLogger("ragen_jax.envs.host_pool")  # the pool's one logger
-
-FAULT_KINDS = ("raised", "timeout", "bad_output", "bad_observation", "bad_reward", "pool")
-
-_MAX_MESSAGE_CHARS = 500
-
-
-@dataclasses.dataclass(frozen=True)
-class EnvFault:
-  """An episode's environment failed; the episode ends. Kinds: see ragen_jax.envs.host_pool."""
-
-  kind: str
-  message: str  # one line: what failed
-  traceback: str = ""  # the formatted traceback when an exception was raised
-
-
-@dataclasses.dataclass(frozen=True)
-class Start:
-  """A successful reset, with the instance's optional attributes read right after it."""
-
-  observation: str
-  instruction: str  # "" when the env has none
-  action_names: Optional[tuple[str, ...]]
-  max_actions_per_turn: Optional[int]
-
-
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-  """A turn's actions, stepped in order until done."""
-
-  observation: str  # the last observation (the previous one when nothing was executed)
-  reward: float  # sum of the executed actions' rewards
-  done: bool
-  success: bool  # any executed step's info["success"]
-  executed: int  # actions executed (stops at done)
-  effective: int  # executed actions with info.get("action_is_effective", True)
-  valid: bool  # every executed step had info.get("action_is_valid", True)
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-  """What the environment's own expert (`env.expert()`) would answer this turn."""
-
-  answers: Optional[tuple[str, ...]]  # as `step` takes them; None: no plan from here
-  thought: str  # a short reasoning text
-
-
-def one_line(text: str) -> str:
-  """`text` on one line, cut to a fault message's length."""
-  text = " ".join(str(text).split())
-  return text if len(text) <= _MAX_MESSAGE_CHARS else text[: _MAX_MESSAGE_CHARS - 3] + "..."
-
+from ragen_jax.envs.host.records import EnvFault
+from ragen_jax.envs.host.records import log as _log
+from ragen_jax.envs.host.records import one_line
+from ragen_jax.envs.host.records import Outcome
+from ragen_jax.envs.host.records import Plan
+from ragen_jax.envs.host.records import Start
 
 # ---------------------------------------------------------------------------------------------
 # Calling one env and checking what it returns.

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax.config_checks import check_fields, PositiveInt, Range, UnitFloat
-from ragen_jax.envs import base
+from ragen_jax.envs.device import base
 
 # Row/column deltas for action indices 0..3 = Left, Down, Right, Up (gymnasium's order, so the
 # perpendicular directions of action a are (a - 1) % 4 and (a + 1) % 4).

@@ -5,7 +5,7 @@ In a config, a text-environment tag with this class as its entry (options are th
 
     envs:
       math:
-        entry: ragen_jax.envs.math_env:MathEnv
+        entry: ragen_jax.envs.text.math_env:MathEnv
         options: {"max_attempts": 3}      # path unset: the shipped arithmetic set
 
 Rules. reset(seed) asks question `seed % len(questions)` (the observation is its text); the
@@ -28,7 +28,7 @@ Normalisation (`normalize`), applied to the reference and to the model's answer 
 Nothing else is forgiven, as in RAGEN: "42.0", "$42" and "42 apples" are not "42".
 
 Questions. `path=None` loads the shipped set (ragen_jax/assets/math/questions.jsonl, 2000 short
-arithmetic word problems with integer answers from `python -m ragen_jax.envs.math_questions`),
+arithmetic word problems with integer answers from `python -m ragen_jax.envs.text.math_questions`),
 so the environment runs with no download. Your own set: a JSONL file, one object a line, with
 a question and an answer string, e.g.
 
@@ -56,13 +56,16 @@ from typing import Dict, List, Optional, Tuple
 
 from ragen_jax.config_checks import check_arguments, PositiveInt
 from ragen_jax.envs import text
-from ragen_jax.envs.reasoning_gym_adapter import CORRECT_FEEDBACK
-from ragen_jax.envs.reasoning_gym_adapter import DEFAULT_INSTRUCTION
-from ragen_jax.envs.reasoning_gym_adapter import FINAL_INCORRECT
-from ragen_jax.envs.reasoning_gym_adapter import INCORRECT_FEEDBACK
+from ragen_jax.envs.bridges.reasoning_gym import CORRECT_FEEDBACK
+from ragen_jax.envs.bridges.reasoning_gym import DEFAULT_INSTRUCTION
+from ragen_jax.envs.bridges.reasoning_gym import FINAL_INCORRECT
+from ragen_jax.envs.bridges.reasoning_gym import INCORRECT_FEEDBACK
 
 DEFAULT_PATH = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "math", "questions.jsonl"
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    "assets",
+    "math",
+    "questions.jsonl",
 )
 GSM8K_MARKER = "####"
 _ANSWER_IS = re.compile(r"the answer is:", re.IGNORECASE)

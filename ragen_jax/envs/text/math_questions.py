@@ -1,6 +1,6 @@
 """Short arithmetic word problems with whole-number answers: the shipped set of `MathEnv`.
 
-    python -m ragen_jax.envs.math_questions --out ragen_jax/assets/math/questions.jsonl \
+    python -m ragen_jax.envs.text.math_questions --out ragen_jax/assets/math/questions.jsonl \
         --n 2000 --seed 0
 
 writes one JSON object a line: {"question", "answer", "reasoning", "kind"}. `answer` is the

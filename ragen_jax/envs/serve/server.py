@@ -6,7 +6,7 @@
 `module.path:Name` names a factory (a class or function, imported by
 ragen_jax.envs.registry.load_entry; a URL is refused); every episode calls it with the options as
 keyword arguments. A run plays the served environment with
-`ragen_jax.envs.http_env.HttpEnv("http://host:8000")`. In a test or notebook:
+`ragen_jax.envs.serve.client.HttpEnv("http://host:8000")`. In a test or notebook:
 
   server = serve(MyEnv, "127.0.0.1", 0, {"k": 1}, background=True)  # port 0: a free port
   env = HttpEnv(server.url)
@@ -44,7 +44,7 @@ interleave), different episodes step concurrently (a thread per connection). Req
 at debug level, environment exceptions at warning level. SIGTERM or Ctrl-C closes the live
 episodes and exits.
 
-This module holds the episodes (EnvServer) and the command line; ragen_jax.envs.serve_http the
+This module holds the episodes (EnvServer) and the command line; ragen_jax.envs.serve.http the
 request handler.
 """
 
@@ -64,7 +64,7 @@ from http import server as http_server
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 from ragen_jax.envs import registry
-from ragen_jax.envs import serve_http
+from ragen_jax.envs.serve import http as serve_http
 
 logger = logging.getLogger("ragen_jax.envs.serve")  # also when run as __main__
 

@@ -5,7 +5,7 @@ keywords as options:
 
     envs:
       arithmetic:
-        entry: ragen_jax.envs.reasoning_gym_adapter:ReasoningGymEnv
+        entry: ragen_jax.envs.bridges.reasoning_gym:ReasoningGymEnv
         options: {"dataset": "basic_arithmetic", "max_attempts": 3}
 
 or by hand:
@@ -92,7 +92,8 @@ def get_dataset(
     hint = f" Did you mean {close}?" if close else ""
     raise ValueError(
         f"Unknown reasoning_gym dataset {name!r}.{hint} "
-        f"Known names: reasoning_gym_adapter.dataset_names() ({len(factory.DATASETS)} of them)."
+        "Known names: ragen_jax.envs.bridges.reasoning_gym.dataset_names() "
+        f"({len(factory.DATASETS)} of them)."
     )
   clash = sorted({"size", "seed"} & set(config))
   if clash:

@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax.config_checks import check_fields, check_value, FiniteFloat, PositiveInt
-from ragen_jax.envs import base
-from ragen_jax.envs import sokoban_generator
+from ragen_jax.envs.device import base
+from ragen_jax.envs.device import sokoban_generator
 
 # RAGEN's instructions (config/envs.yaml: Sokoban, CoordSokoban). "{corner}" is the bottom-right
 # coordinate; RAGEN hard-codes "(5, 5)", which is wrong for boards other than 6x6.

@@ -1,9 +1,9 @@
 """The HTTP side of ragen_jax.envs.serve: the request handler, its body parsing and JSON answers.
 
-`Handler` routes one request to its server's episodes (`ragen_jax.envs.serve.EnvServer`:
+`Handler` routes one request to its server's episodes (`ragen_jax.envs.serve.server.EnvServer`:
 create_episode, step_episode, delete_episode, num_episodes), reads and checks the JSON body, and
 answers every outcome, errors included, with a JSON object. `HttpError` is an answer other than
-200, raised by the handler or the server. The protocol and status codes: see serve's module doc.
+200, raised by the handler or the server. The protocol and status codes: see server's module doc.
 """
 
 import json
@@ -36,7 +36,7 @@ class HttpError(Exception):
 class Handler(http_server.BaseHTTPRequestHandler):
   """Routes one request; every answer, errors included, is a JSON object."""
 
-  server: Any  # the serve.EnvServer whose episodes it serves
+  server: Any  # the server.EnvServer whose episodes it serves
   server_version = "ragen-jax-env/1"
   _discard = 0  # bytes of an oversized body to drop after answering 413
 

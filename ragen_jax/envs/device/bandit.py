@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from ragen_jax.config_checks import check_fields, FiniteFloat, UnitFloat
-from ragen_jax.envs import base
+from ragen_jax.envs.device import base
 
 # RAGEN's arm-name pairs (low-risk name, high-risk name).
 ARM_NAMES = {

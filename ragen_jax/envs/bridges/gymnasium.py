@@ -1,14 +1,14 @@
 """Gymnasium environments with a discrete action space as text environments (`TextEnv`).
 
     import functools
-    from ragen_jax.envs import gymnasium_adapter
+    from ragen_jax.envs.bridges import gymnasium as gym_bridge
 
-    factory = functools.partial(gymnasium_adapter.from_gymnasium, "FrozenLake-v1")
+    factory = functools.partial(gym_bridge.from_gymnasium, "FrozenLake-v1")
     env = factory(is_slippery=False)  # one TextEnv per episode, each owning a fresh gymnasium env
     text = env.reset(seed=3)          # the 4x4 grid in RAGEN's symbols (P, _, O, G, X, √)
     text, reward, done, info = env.step("Down")
 
-In a config: entry `ragen_jax.envs.gymnasium_adapter:from_gymnasium` with options such as
+In a config: entry `ragen_jax.envs.bridges.gymnasium:from_gymnasium` with options such as
 `{"env_id": "Taxi-v4", "max_episode_steps": 50}`; options the adapter does not take go to
 `gymnasium.make`.
 

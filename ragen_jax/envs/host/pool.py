@@ -4,7 +4,7 @@ The rollout resets a batch of episodes, then once per turn steps each live episo
 actions. Every env call runs concurrently across episodes and under a deadline, and whatever one
 env does (raise, hang, return garbage, crash its process) ends only its own episode:
 
-    pool = host_pool.HostPool(functools.partial(MyEnv, size=6), step_timeout_s=30)
+    pool = HostPool(functools.partial(MyEnv, size=6), step_timeout_s=30)
     starts = pool.reset([seed_0, seed_1, ...])        # [Start | EnvFault]; episode i: seeds[i]
     results = pool.step({0: ["Up", "Left"], 2: ["Down"]})  # {episode: Outcome | EnvFault}
     ...
@@ -36,9 +36,9 @@ Fault kinds (EnvFault.kind); the episode ends and its instance is never called a
   pool             the pool lost the episode (its worker process died, or could not unpickle
                    the factory), or the episode was stepped after it had already failed
 
-This module holds thread mode and the HostPool handle; host_actor holds the records, the checks
-of env outputs and the per-episode actor, host_core the logic both modes share, and host_workers
-the process mode.
+This module holds thread mode and the HostPool handle; ragen_jax.envs.host.records the records,
+actor the checks of env outputs and the per-episode actor, core the logic both modes share, and
+workers the process mode.
 """
 
 from collections.abc import Sequence
@@ -50,25 +50,24 @@ import time
 from typing import Any, Callable, Optional
 import weakref
 
-from ragen_jax.envs import host_actor
-from ragen_jax.envs import host_core
-from ragen_jax.envs import host_workers
-from ragen_jax.envs.host_actor import EnvFault
-from ragen_jax.envs.host_actor import FAULT_KINDS
-from ragen_jax.envs.host_actor import Outcome
-from ragen_jax.envs.host_actor import Plan
-from ragen_jax.envs.host_actor import Start
+from ragen_jax.envs.host.actor import Actor
+from ragen_jax.envs.host.core import Core
+from ragen_jax.envs.host.core import Episode
+from ragen_jax.envs.host.records import EnvFault
+from ragen_jax.envs.host.records import MODES
+from ragen_jax.envs.host.records import Outcome
+from ragen_jax.envs.host.records import Plan
+from ragen_jax.envs.host.records import Start
+from ragen_jax.envs.host.workers import ProcessCore
 
-__all__ = ["FAULT_KINDS", "MODES", "EnvFault", "HostPool", "Outcome", "Plan", "Start"]
-
-MODES = ("thread", "process")
+__all__ = ["HostPool"]
 
 
-class _ThreadCore(host_core.Core):
+class _ThreadCore(Core):
   """mode="thread": an actor thread per episode, in this process."""
 
-  def _place(self, episode_index: int, episode: host_core.Episode) -> None:
-    episode.actor = host_actor.Actor(self.factory, f"host-env-{episode_index}")
+  def _place(self, episode_index: int, episode: Episode) -> None:
+    episode.actor = Actor(self.factory, f"host-env-{episode_index}")
 
   def _run(self, calls: dict[int, tuple[str, Any]]) -> dict[int, Any]:
     replies = queue.SimpleQueue()
@@ -131,7 +130,7 @@ class HostPool:
             f"pickle ({type(exc).__name__}: {exc}). Use mode='thread', or a module-level "
             "factory (a class or function, or functools.partial of one)."
         ) from exc
-      core = host_workers.ProcessCore(factory, float(step_timeout_s), workers, blob)
+      core = ProcessCore(factory, float(step_timeout_s), workers, blob)
     self._core = core
     # Runs close() once: on close(), on garbage collection, or at interpreter exit.
     self._finalizer = weakref.finalize(self, core.close)

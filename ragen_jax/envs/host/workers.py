@@ -1,14 +1,13 @@
-"""mode="process" of ragen_jax.envs.host_pool: spawned worker processes running episode actors.
+"""mode="process" of ragen_jax.envs.host.pool: spawned worker processes running episode actors.
 
 `ProcessCore` starts `workers` processes with "spawn" (the parent runs JAX threads: never fork),
 sends each one its episodes' calls in one message per batch, and waits for the replies under the
-pool's deadline; a worker that dies, or never starts, fails only its own episodes. Inside a
-worker, `_worker_main` runs each episode in a `host_actor.Actor`. Workers that abandoned a hung
-call are replaced at the next reset.
+pool's deadline; a worker that dies, or never starts, fails only its own episodes. Inside a worker,
+`_worker_main` runs each episode in a `ragen_jax.envs.host.actor.Actor`. Workers that abandoned a
+hung call are replaced at the next reset.
 """
 
 import functools
-import logging
 import multiprocessing
 from multiprocessing import connection as mp_connection
 import os
@@ -20,10 +19,10 @@ import time
 import traceback as traceback_lib
 from typing import Any, Callable, Optional
 
-from ragen_jax.envs import host_actor
-from ragen_jax.envs import host_core
-
-_log = logging.getLogger("ragen_jax.envs.host_pool")  # the pool's one logger
+from ragen_jax.envs.host import core
+from ragen_jax.envs.host import records
+from ragen_jax.envs.host.actor import Actor
+from ragen_jax.envs.host.records import log as _log
 
 # A new worker imports this package and the factory's module before it can serve. That is not
 # an env call, so it has its own generous limit instead of step_timeout_s.
@@ -64,11 +63,9 @@ def _worker_main(conn: mp_connection.Connection, factory_blob: bytes) -> None:
     factory, load_fault = pickle.loads(factory_blob), None
   except BaseException as exc:
     factory = None
-    load_fault = host_actor.EnvFault(
+    load_fault = records.EnvFault(
         "pool",
-        host_actor.one_line(
-            f"the worker could not unpickle the factory: {type(exc).__name__}: {exc}"
-        ),
+        records.one_line(f"the worker could not unpickle the factory: {type(exc).__name__}: {exc}"),
         "".join(traceback_lib.format_exception(exc)),
     )
   send(("ready", os.getpid()))
@@ -83,14 +80,12 @@ def _worker_main(conn: mp_connection.Connection, factory_blob: bytes) -> None:
         reply(uid, None if op == "close" else load_fault)
         continue
       if op == "reset":
-        actors[uid] = host_actor.Actor(factory, f"host-env-{uid}")
+        actors[uid] = Actor(factory, f"host-env-{uid}")
       actor = actors.pop(uid, None) if op == "close" else actors.get(uid)
       if actor is None:
         reply(
             uid,
-            None
-            if op == "close"
-            else host_actor.EnvFault("pool", f"no episode {uid} on the worker"),
+            None if op == "close" else records.EnvFault("pool", f"no episode {uid} on the worker"),
         )
       else:
         actor.submit(op, payload, functools.partial(reply, uid))
@@ -112,11 +107,11 @@ class _Worker:
     child_conn.close()  # the worker holds the other end: its exit reads here as end of file
     self.pid = self.process.pid
     self.ready = False
-    self.dead: Optional[host_actor.EnvFault] = None  # why the worker is gone, once it is
+    self.dead: Optional[records.EnvFault] = None  # why the worker is gone, once it is
     self.hung = False  # it has abandoned actors: replaced at the next reset
 
 
-class ProcessCore(host_core.Core):
+class ProcessCore(core.Core):
   """mode="process": spawned workers, each with an actor thread per episode it holds."""
 
   def __init__(
@@ -134,7 +129,7 @@ class ProcessCore(host_core.Core):
   def worker_pids(self) -> list[int]:
     return [worker.pid for worker in self.workers]
 
-  def _abandon(self, episode: host_core.Episode) -> None:
+  def _abandon(self, episode: core.Episode) -> None:
     super()._abandon(episode)
     episode.worker.hung = True
 
@@ -156,7 +151,7 @@ class ProcessCore(host_core.Core):
       self._lose(worker, message)
       _stop_workers([worker])
 
-  def _place(self, episode_index: int, episode: host_core.Episode) -> None:
+  def _place(self, episode_index: int, episode: core.Episode) -> None:
     episode.worker = self.workers[episode_index % len(self.workers)]
 
   def _run(self, calls: dict[int, tuple[str, Any]]) -> dict[int, Any]:
@@ -222,7 +217,7 @@ class ProcessCore(host_core.Core):
     if worker.dead is not None:
       return
     _log.warning(f"host pool: {message}")
-    worker.dead = host_actor.EnvFault("pool", message)
+    worker.dead = records.EnvFault("pool", message)
     for uid, (i, owner) in list(self._awaited.items()):
       if owner is worker:
         del self._awaited[uid]
