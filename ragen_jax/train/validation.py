@@ -105,8 +105,9 @@ def write_jsonl(path: str, episodes: List[Dict[str, Any]]) -> None:
 
 
 def markdown(episodes: List[Dict[str, Any]]) -> str:
-  """Episode records (`Episode.to_json()`) as TensorBoard text: a header line and the conversation in a code block that
-  no model reply can close (logging_utils.code_block), so none renders as links or images."""
+  """Episode records (`Episode.to_json()`) as TensorBoard text: a header line and the
+  conversation in a code block that no model reply can close (logging_utils.code_block), so
+  none renders as links or images."""
   parts = []
   for ep in episodes:
     body = "\n".join(f"[{m['role']}]\n{m['content']}" for m in ep["messages"][1:])
