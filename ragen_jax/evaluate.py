@@ -107,7 +107,7 @@ def evaluate(
   metrics, episodes = validation.run(exp, validation.engines(exp, tokenizer), model)
   metrics["val/num_episodes"] = len(episodes)
   if output:
-    validation.write_jsonl(output, episodes)
+    validation.write_jsonl(output, [ep.to_json() for ep in episodes])
   return metrics
 
 

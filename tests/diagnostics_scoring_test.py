@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ragen_jax import batch as batch_lib
 from ragen_jax import models
+from ragen_jax import rollout
 from ragen_jax.diagnostics import scoring
 from ragen_jax.diagnostics import turns as turns_lib
 
@@ -77,41 +77,31 @@ class _CharTokenizer:
 
 
 def _fake_results():
-  """Two tags; sokoban: 2 groups x 2 episodes, bandit: 1 group x 2; hand-written replies."""
+  """Two tags; sokoban: 2 groups x 2 episodes, bandit: 1 group x 2; hand-written replies. Each
+  episode's tokens are a row cut into turns at the reply starts (a later turn's context is the
+  one token before its reply start)."""
 
-  def result(rows, episodes):
-    width = max(len(r) for r in rows)
-    tokens = np.zeros((len(rows), width), np.int32)
-    mask = np.zeros((len(rows), width), np.int32)
-    for b, r in enumerate(rows):
-      tokens[b, width - len(r) :] = r
-      mask[b, width - len(r) :] = 1
-    zeros = np.zeros_like(tokens)
-    b = batch_lib.RolloutBatch(
-        tokens,
-        mask,
-        zeros,
-        zeros.astype(np.float32),
-        zeros.astype(np.float32),
-        np.zeros(len(rows), np.int32),
-        np.zeros(len(rows), np.float32),
-    )
-    return types.SimpleNamespace(batch=b, episodes=episodes)
-
-  def ep(group, replies, starts):
-    msgs = [{"role": "system", "content": "s"}]
-    for r in replies:
-      msgs += [{"role": "user", "content": "u"}, {"role": "assistant", "content": r}]
-    return {"group_id": group, "messages": msgs, "reply_starts": starts}
+  def ep(group, row, replies, starts):
+    episode = rollout.Episode(0, [], None, 10, 1, group_id=group)
+    ends = [s - 1 for s in starts[1:]] + [len(row)]
+    begin = 0
+    for start, end, reply in zip(starts, ends, replies):
+      episode.turns.append(rollout.Turn(row[begin:start], row[start:end], text=reply))
+      begin = end
+    return episode
 
   ok, bad = "<think>go up</think><answer>Up</answer>", "<answer>Up</answer>"
-  soko_rows = [[1, 2, 3, 9, 9, 4, 5, 9], [1, 2, 3, 8, 8], [6, 7, 3, 9, 4, 5, 6, 9], [6, 7, 3, 8]]
-  soko = result(
-      soko_rows,
-      [ep(0, [ok, ok], [3, 6]), ep(0, [bad], [3]), ep(1, [ok, bad], [3, 6]), ep(1, [ok], [3])],
-  )
-  bandit = result([[1, 2, 3, 5], [1, 2, 3, 6]], [ep(0, [ok], [3]), ep(0, [bad], [3])])
-  return {"sokoban": soko, "bandit": bandit}
+  soko = [
+      ep(0, [1, 2, 3, 9, 9, 4, 5, 9], [ok, ok], [3, 6]),
+      ep(0, [1, 2, 3, 8, 8], [bad], [3]),
+      ep(1, [6, 7, 3, 9, 4, 5, 6, 9], [ok, bad], [3, 6]),
+      ep(1, [6, 7, 3, 8], [ok], [3]),
+  ]
+  bandit = [ep(0, [1, 2, 3, 5], [ok], [3]), ep(0, [1, 2, 3, 6], [bad], [3])]
+  return {
+      "sokoban": types.SimpleNamespace(episodes=soko),
+      "bandit": types.SimpleNamespace(episodes=bandit),
+  }
 
 
 def test_collect_turns_and_step_metrics():

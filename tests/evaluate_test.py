@@ -23,6 +23,8 @@ from ragen_jax.config import cli
 from ragen_jax.train import restore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECORD_KEYS = ["messages", "success", "reward", "turns", "group_id", "context_truncated"]
+RECORD_KEYS += ["turn_rewards", "reply_starts", "env", "seed", "episode"]
 
 
 def load_config(name, arg="debug"):
@@ -79,6 +81,11 @@ def test_numbers_follow_from_the_trajectories_and_validation_settings(tmp_path):
   summary = evaluate.evaluate(config, output=str(tmp_path / "fl.jsonl"))
   lines = read_lines(tmp_path / "fl.jsonl")
   assert len(lines) == 6 and sorted({l["seed"] for l in lines}) == [123, 124, 125]
+  # The records' keys, in order (the viewer and earlier runs' files have these).
+  assert all(list(l) == RECORD_KEYS for l in lines)
+  assert [(l["env"], l["group_id"], l["episode"], l["seed"]) for l in lines] == [
+      ("frozenlake", g, e, 123 + g) for g in range(3) for e in range(2)
+  ]
   success = np.array([l["success"] for l in lines], float)
   rewards = np.array([l["reward"] for l in lines])
   assert summary["val/success"] == pytest.approx(success.mean())

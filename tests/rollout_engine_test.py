@@ -78,10 +78,11 @@ def test_logprobs_equal_a_full_forward_over_the_final_sequences(model, monkeypat
   # One trained segment per played turn; each decodes to that turn's assistant message.
   for i, ep in enumerate(result.episodes):
     segs = segments(loss[i])
-    assert len(segs) == ep["turns"] == result.metrics["num_turns"][i]
-    replies = [m["content"] for m in ep["messages"] if m["role"] == "assistant"]
-    for (a, b), reply in zip(segs, replies):
-      assert reply == "<think>" + TOK.decode(tokens[i, a:b])
+    assert len(segs) == len(ep.turns) == result.metrics["num_turns"][i]
+    replies = [m["content"] for m in ep.messages if m["role"] == "assistant"]
+    assert replies == [turn.text for turn in ep.turns]
+    for (a, b), turn in zip(segs, ep.turns):
+      assert turn.text == "<think>" + TOK.decode(tokens[i, a:b])
   # The multi-turn cache appends instead of re-encoding the history.
   s = result.summary
   assert s["prefill_tokens_append"] < s["prefill_tokens_reencode"]
@@ -92,7 +93,7 @@ def test_groups_share_a_start_and_rewards_sit_on_the_last_trained_token(model):
   result = engine.run(model, jax.random.key(2), seed=7)
   b = result.batch
   np.testing.assert_array_equal(np.asarray(b.group_ids_B), [0, 0, 1, 1])
-  firsts = [ep["messages"][1]["content"] for ep in result.episodes]
+  firsts = [ep.messages[1]["content"] for ep in result.episodes]
   assert firsts[0] == firsts[1] and firsts[2] == firsts[3] and firsts[0] != firsts[2]
   rewards, loss = np.asarray(b.token_rewards_BxT), np.asarray(b.loss_mask_BxT)
   for i in range(4):
@@ -251,7 +252,7 @@ def test_scripted_sokoban_solution_and_junk(monkeypatch, model):
   moved = sum(env.render(a) != env.render(b) for a, b in zip(boards, boards[1:]))
   assert m["turn_unchanged"].tolist() == [0.0, pytest.approx((5 - moved) / 5), 1.0, 1.0]
   # The "Reward:" message after turn 1 of the junk episode shows the penalty (no valid action).
-  users = [msg["content"] for msg in result.episodes[1]["messages"] if msg["role"] == "user"]
+  users = [msg["content"] for msg in result.episodes[1].messages if msg["role"] == "user"]
   assert users[1].startswith("Reward:\n-0.1\n\nTurn 2:\n")
   assert "You have 9 actions left" in users[3] and "You have 7 actions left" in users[4]
   # Trained tokens are exactly the scripted ids, and the turn end was appended (untrained).
@@ -277,7 +278,7 @@ def test_scripted_sokoban_solution_and_junk(monkeypatch, model):
   )
   np.testing.assert_allclose(shaped.batch.scores_B, shaped.metrics["return"])
   np.testing.assert_allclose(shaped.metrics["format_penalty"], m["format_penalty"])
-  assert [e["messages"] for e in shaped.episodes] == [e["messages"] for e in result.episodes]
+  assert [e.messages for e in shaped.episodes] == [e.messages for e in result.episodes]
 
 
 def test_scripted_budget_and_turn_scores(monkeypatch, model):
@@ -339,7 +340,7 @@ def test_compact_prompts_play_the_same_episodes_in_fewer_tokens(monkeypatch, mod
   a, b = (scripted_run(monkeypatch, model, env, replies, c, seed=3) for c in (ragen, compact))
   for key in ("return", "num_actions", "num_turns", "success", "format_penalty"):
     np.testing.assert_array_equal(a.metrics[key], b.metrics[key])
-  system, *turns = [m["content"] for m in b.episodes[0]["messages"] if m["role"] != "assistant"]
+  system, *turns = [m["content"] for m in b.episodes[0].messages if m["role"] != "assistant"]
   assert system.endswith(
       "Always output: <answer>...</answer> with no extra text. Strictly "
       "follow this format. Max response length: 100 words (tokens).\n"
@@ -374,5 +375,5 @@ def test_scripted_bandit_uses_the_arm_names(monkeypatch, model):
   assert result.metrics["format_penalty"][:2].tolist() == [0.0, pytest.approx(-0.1)]
   assert result.metrics["num_turns"].tolist() == [1, 1, 1, 1]
   assert f"Your available actions are:\n{names[0]}, {names[1]}" in (
-      result.episodes[0]["messages"][0]["content"]
+      result.episodes[0].messages[0]["content"]
   )

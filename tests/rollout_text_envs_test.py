@@ -134,7 +134,7 @@ def test_free_text_answers_reach_step_verbatim(per_turn, reply, expected):
   assert all(actions == expected * 4 for actions in Recorder.seen.values())
   assert result.summary["action_is_valid"] == 1.0 and result.summary["format_penalty"] == 0.0
   # No action list in the system prompt of a free-text environment.
-  assert "Your available actions" not in result.episodes[0]["messages"][0]["content"]
+  assert "Your available actions" not in result.episodes[0].messages[0]["content"]
 
 
 def test_vocabulary_answers_are_matched_to_canonical_names():
@@ -142,7 +142,7 @@ def test_vocabulary_answers_are_matched_to_canonical_names():
   env = envs.registry.HostEnv("words", Words)
   result = play(env, config(max_turns=1), policy="alpha || BETA")
   assert Words.received == ["Alpha", "Beta"] * 4
-  assert "Your available actions are:\nAlpha, Beta" in result.episodes[0]["messages"][0]["content"]
+  assert "Your available actions are:\nAlpha, Beta" in result.episodes[0].messages[0]["content"]
   assert result.metrics["action_is_effective"].tolist() == [0.5] * 4
   Words.received.clear()
   result = play(env, config(max_turns=1), policy="alpha || gamma")  # an unknown word
@@ -163,16 +163,16 @@ def test_a_faulty_environment_ends_its_episodes_only(fault, caplog):
     assert time.perf_counter() - tic < 20  # the hung step was abandoned, not awaited
   # Group 1 (seed 101, episodes 2 and 3) failed; group 0 played as in the clean run.
   assert result.metrics["env_error"].tolist() == [0.0, 0.0, 1.0, 1.0]
-  assert result.episodes[:2] == clean.episodes[:2]
+  assert [e.to_json() for e in result.episodes[:2]] == [e.to_json() for e in clean.episodes[:2]]
   for b in (2, 3):
-    assert result.episodes[b]["env_error"]
+    assert result.episodes[b].env_error
     assert result.batch.loss_mask_BxT[b].sum() == 0  # trains nothing
     assert result.batch.token_rewards_BxT[b].sum() == 0
     assert result.batch.attention_mask_BxT[b].sum() >= 1
   np.testing.assert_array_equal(result.batch.scores_B[2:], [0.0, 0.0])  # a wholly failed group
   kind = {"raise_reset": "raised", "raise_step": "raised", "hang": "timeout"}.get(fault, fault)
   kind = {"nan_reward": "bad_reward"}.get(kind, kind)
-  assert result.episodes[2]["env_error"].startswith(kind)
+  assert result.episodes[2].env_error.startswith(kind)
   logged = [r for r in caplog.records if "failed" in r.getMessage()]
   assert len(logged) == 1 and "seed 101" in logged[0].getMessage()  # once per kind
   if fault.startswith("raise"):
@@ -219,7 +219,7 @@ def test_process_pool_plays_the_same_episodes_as_threads():
   guesses = lambda state, ep: str(10 + 7 * len(ep.turns))
   threads = play(host("thread"), policy=guesses)
   processes = play(host("process"), policy=guesses)
-  assert threads.episodes == processes.episodes
+  assert [e.to_json() for e in threads.episodes] == [e.to_json() for e in processes.episodes]
   np.testing.assert_array_equal(threads.batch.tokens_BxT, processes.batch.tokens_BxT)
 
 
@@ -232,7 +232,7 @@ def test_served_environment_plays_like_the_class_in_process():
     guesses = lambda state, ep: str(20 + 3 * len(ep.turns))
     local = play(envs.make("", entry="text_env_fixtures:GuessNumber"), policy=guesses)
     remote = play(envs.make("", entry=url), policy=guesses)
-    assert remote.episodes == local.episodes
+    assert [e.to_json() for e in remote.episodes] == [e.to_json() for e in local.episodes]
     assert remote.summary["env_error"] == 0.0
 
     # The server goes away after the first turn: every episode ends as an environment error.
@@ -243,7 +243,7 @@ def test_served_environment_plays_like_the_class_in_process():
 
     cut = play(envs.make("", entry=url, step_timeout_s=5.0), policy=stop_after_first)
     assert cut.metrics["env_error"].tolist() == [1.0] * 4
-    assert all(len(ep["messages"]) >= 4 for ep in cut.episodes)  # the first turn was played
+    assert all(len(ep.messages) >= 4 for ep in cut.episodes)  # the first turn was played
   finally:
     server.close()
 
@@ -265,9 +265,9 @@ def test_reasoning_gym_retries_pay_half_per_wrong_answer_in_the_rollout():
   assert result.metrics["success"].tolist() == [1.0] * 4
   assert result.metrics["return"].tolist() == [0.5] * 4
   for ep in result.episodes:
-    assert ep["messages"][1]["content"].count(dataset[ep["group_id"] + 100]["question"]) == 1
-    assert "Incorrect. Please think again." in ep["messages"][3]["content"]
-    assert ep["turn_rewards"] == [0.0, 0.5]
+    assert ep.messages[1]["content"].count(dataset[ep.group_id + 100]["question"]) == 1
+    assert "Incorrect. Please think again." in ep.messages[3]["content"]
+    assert [t.reward for t in ep.turns] == [0.0, 0.5]
 
 
 class KnowingGuess(guess_number.GuessNumber):
@@ -300,7 +300,7 @@ def test_text_environment_experts_demonstrate_through_the_pool(pool):
   engine.close()
   assert result.metrics["success"].tolist() == [1.0] * 4  # free text: no random replacement
   assert result.metrics["num_turns"].tolist() == [1.0] * 4
-  reply = result.episodes[0]["messages"][2]["content"]
+  reply = result.episodes[0].messages[2]["content"]
   assert reply.startswith("<think>It is ") and reply.endswith("</answer>")
   Words.received.clear()
   env = envs.registry.HostEnv("knowing_words", KnowingWords)
@@ -345,7 +345,7 @@ def test_builtin_prompts_are_unchanged():
       policy = demos.expert_policy(env, cfg, 0.5, seed=3, undo_prob=0.3)
       result = engine.run_scripted(policy, jax.random.key(1), seed=77)
       key = f"{name}-{fmt}-{sorted(opts.items())}-{think}"
-      assert result.episodes[0]["messages"] == pinned[key], key
+      assert result.episodes[0].messages == pinned[key], key
 
 
 class HostFrozenLake(envs.TextEnv):
@@ -393,7 +393,7 @@ def test_a_host_environment_matches_the_jax_path_under_the_llm():
     results.append(engine.run(model, jax.random.key(3), seed=40))
     engine.close()
   a, b = results
-  assert [e["messages"] for e in a.episodes] == [e["messages"] for e in b.episodes]
+  assert [e.messages for e in a.episodes] == [e.messages for e in b.episodes]
   for field in ("tokens_BxT", "loss_mask_BxT", "logprobs_BxT", "token_rewards_BxT", "scores_B"):
     np.testing.assert_array_equal(getattr(a.batch, field), getattr(b.batch, field), field)
   for name in ("success", "num_actions", "action_is_valid", "num_turns", "return"):

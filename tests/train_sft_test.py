@@ -55,7 +55,7 @@ def test_noise_free_experts_always_succeed_in_the_right_format(tok, name, option
   assert result.summary["success"] == 1.0
   assert result.summary["action_is_valid"] == 1.0 and result.summary["format_penalty"] == 0.0
   for ep in result.episodes:
-    for message in ep["messages"][2::2]:
+    for message in ep.messages[2::2]:
       parsed = prompts.parse_response(message["content"], True, "||", 2)
       assert parsed.matched and parsed.actions
 
@@ -90,7 +90,7 @@ def test_undo_share_takes_back_the_first_move_as_documented(tok):
   )
   pairs = 0
   for ep in result.episodes:
-    for message in ep["messages"][2::2]:
+    for message in ep.messages[2::2]:
       actions = prompts.parse_response(message["content"], True, "||", 2).actions
       if len(actions) == 2:
         assert actions[1] == demos.OPPOSITE[actions[0]]
@@ -108,7 +108,7 @@ def test_demo_loss_mask_covers_exactly_the_replies(tok):
   tokens = np.asarray(result.batch.tokens_BxT)
   loss = np.asarray(result.batch.loss_mask_BxT)
   for i, ep in enumerate(result.episodes):
-    replies = [m["content"][len("<think>") :] for m in ep["messages"] if m["role"] == "assistant"]
+    replies = [m["content"][len("<think>") :] for m in ep.messages if m["role"] == "assistant"]
     assert tok.decode(tokens[i][loss[i] == 1]) == "".join(replies)
 
 

@@ -158,7 +158,7 @@ def timed_run(engine, reset_clock, model, seed):
   row["turns"] = int(result.metrics["num_turns"].max())
   row["success"] = s["success"]
   row["actions"] = s["num_actions"]
-  return row, [e["messages"] for e in result.episodes]
+  return row, [e.messages for e in result.episodes]
 
 
 def main():

@@ -76,7 +76,7 @@ def family_metrics(
 
 def compute(
     model,
-    turns: Sequence[turns_lib.Turn],
+    turns: Sequence[turns_lib.ReasoningTurn],
     cfg: CollapseConfig,
     rng: np.random.Generator,
     std_ema: Dict[str, float],

@@ -1,8 +1,9 @@
 """(prompt x, reasoning z) pairs of a rollout, per-step reasoning metrics, and RAGEN-2's sampling.
 
-For every assistant turn of every episode (host side, from `RolloutResult`s):
+For every assistant turn of every episode (host side, from the typed episodes of
+`RolloutResult`s):
   x = the tokens the model saw before writing that turn, ending with the generation prefix
-      `<think>` (so `<think>` belongs to x), sliced from the batch row at `reply_starts[t]`;
+      `<think>` (so `<think>` belongs to x): the episode's earlier turns and this turn's context;
   z = the reasoning between `<think>` and `</think>` of the reply, special tokens removed,
       whitespace stripped, tokenised on its own. A turn with empty or unclosed reasoning is not
       valid (its share is the valid-thinking rate).
@@ -38,8 +39,9 @@ def reasoning_text(reply: str) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class Turn:
-  """One assistant turn: where it came from, its context x and its reasoning z (tokens)."""
+class ReasoningTurn:
+  """One assistant turn as the diagnostics see it: where it came from, its context x and its
+  reasoning z (tokens)."""
 
   episode: int  # index over all episodes of the step (tags in order)
   group: Tuple[str, int]  # (env tag, group id): episodes sharing a start state
@@ -48,24 +50,24 @@ class Turn:
   reasoning: Tuple[int, ...]  # z's tokens; empty = not a valid thinking turn
 
 
-def collect_turns(results: Dict[str, object], tokenizer) -> List[Turn]:
+def collect_turns(results: Dict[str, object], tokenizer) -> List[ReasoningTurn]:
   """Every assistant turn of a step's rollouts (`{tag: RolloutResult}`), in episode order."""
   turns, episode = [], 0
   for tag, result in results.items():
-    tokens_BxT = np.asarray(result.batch.tokens_BxT)
-    mask_BxT = np.asarray(result.batch.attention_mask_BxT).astype(bool)
-    for b, ep in enumerate(result.episodes):
-      row = tokens_BxT[b][mask_BxT[b]]  # left padding removed: the episode's own tokens
-      replies = [m["content"] for m in ep["messages"] if m["role"] == "assistant"]
-      for t, (start, reply) in enumerate(zip(ep["reply_starts"], replies)):
-        text = reasoning_text(reply)
+    for ep in result.episodes:
+      seen = []  # the episode's tokens so far (what its batch row holds)
+      for t, turn in enumerate(ep.turns):
+        seen += turn.context
+        text = reasoning_text(turn.text)
         z = tuple(tokenizer.encode(text)) if text else ()
-        turns.append(Turn(episode, (tag, int(ep["group_id"])), t, row[:start], z))
+        x = np.array(seen, np.int32)
+        turns.append(ReasoningTurn(episode, (tag, int(ep.group_id)), t, x, z))
+        seen += turn.reply
       episode += 1
   return turns
 
 
-def step_metrics(turns: Sequence[Turn]) -> Dict[str, float]:
+def step_metrics(turns: Sequence[ReasoningTurn]) -> Dict[str, float]:
   """Every-step reasoning metrics: valid-thinking rate and reasoning lengths (tokens)."""
   if not turns:
     return {}
@@ -103,7 +105,7 @@ def _column_ids(contexts: Sequence[np.ndarray]) -> np.ndarray:
 
 
 def first_turn_sample(
-    turns: Sequence[Turn], num_samples: int, rng: np.random.Generator
+    turns: Sequence[ReasoningTurn], num_samples: int, rng: np.random.Generator
 ) -> Sample | None:
   """Valid first turns without replacement; one column per env group present (None if none)."""
   valid = [t for t in turns if t.turn == 0 and t.reasoning]
@@ -130,10 +132,10 @@ def first_turn_sample(
 
 
 def multi_turn_sample(
-    turns: Sequence[Turn], num_samples: int, rng: np.random.Generator
+    turns: Sequence[ReasoningTurn], num_samples: int, rng: np.random.Generator
 ) -> Sample | None:
   """`num_samples` draws with replacement: an episode, then one of its valid turns."""
-  by_episode: Dict[int, List[Turn]] = {}
+  by_episode: Dict[int, List[ReasoningTurn]] = {}
   for t in turns:
     if t.reasoning:
       by_episode.setdefault(t.episode, []).append(t)

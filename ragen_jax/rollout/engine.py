@@ -164,9 +164,7 @@ class Rollout:
     tic = time.perf_counter()
     starts = self.envs.reset(seed, (rows.lo, rows.hi))
     timing["env_s"] += time.perf_counter() - tic
-    eps = [
-        self._open(seed + (rows.lo + i) // c.group_size, start) for i, start in enumerate(starts)
-    ]
+    eps = [self._open(seed, rows.lo + i, start) for i, start in enumerate(starts)]
     turn_steps = []  # decode steps of each turn on this process (the call runs to the max)
     for turn in range(1, c.max_turns + 1):
       chunks = {i: self._prompt(ep, turn) for i, ep in enumerate(eps) if not ep.done}
@@ -211,11 +209,14 @@ class Rollout:
 
   # ------------------------------------------------------------------ the steps of a turn
 
-  def _open(self, seed: int, start) -> Episode:
-    """A new episode with its system prompt (or ended by the reset's fault)."""
+  def _open(self, seed: int, index: int, start) -> Episode:
+    """Episode `index` of the batch (its group plays the level of seed `seed + group`), with
+    its system prompt (or ended by the reset's fault)."""
     c = self.config
+    group, member = divmod(index, c.group_size)
+    place = dict(group_id=group, index_in_group=member)
     if isinstance(start, EnvFault):
-      ep = Episode(seed, [], None, c.max_actions_per_traj, 1, done=True)
+      ep = Episode(seed + group, [], None, c.max_actions_per_traj, 1, done=True, **place)
       self._fault(ep, start)
       return ep
     names = None if start.action_names is None else tuple(start.action_names)
@@ -231,12 +232,13 @@ class Rollout:
         c.prompt_style,
     )
     return Episode(
-        seed,
+        seed + group,
         [{"role": "system", "content": system}],
         names,
         c.max_actions_per_traj,
         per_turn,
         observation=start.observation,
+        **place,
     )
 
   def _user_turn(self, ep: Episode, turn: int) -> str:
@@ -297,9 +299,9 @@ class Rollout:
     """Records the reply as a new turn; returns the actions it names (canonical names, or the
     free-text answers), within the episode's action budget."""
     c = self.config
-    turn = Turn(list(context), tokens_N.tolist(), logprobs_N.tolist())
-    ep.turns.append(turn)
     reply = prompts.generation_prefix(c.enable_think) + self.tok.decode(tokens_N)
+    turn = Turn(list(context), tokens_N.tolist(), logprobs_N.tolist(), text=reply)
+    ep.turns.append(turn)
     ep.messages.append({"role": "assistant", "content": reply})
     free = ep.action_names is None
     sep = "" if free and ep.max_actions_per_turn == 1 else c.action_sep

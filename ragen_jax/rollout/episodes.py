@@ -105,6 +105,7 @@ class Turn:
   effective: int = 0
   env_valid: bool = True  # the environment accepted every action (info action_is_valid)
   unchanged: bool = False  # the observation after the turn reads as before it
+  text: str = ""  # the reply as its assistant message holds it (generation prefix included)
 
   @property
   def reward(self) -> float:
@@ -117,7 +118,8 @@ class Turn:
 
 @dataclasses.dataclass
 class Episode:
-  """Host record of one episode: its conversation and its typed turns."""
+  """Host record of one episode: its conversation and its typed turns (`to_json()`: the JSON
+  record written to files)."""
 
   seed: int  # the level seed (shared by the episode's group)
   messages: List[Dict[str, str]]
@@ -131,6 +133,9 @@ class Episode:
   success: bool = False
   context_truncated: bool = False
   env_error: str = ""  # the environment's fault that ended the episode ("" if none)
+  group_id: int = 0  # the episode's group (episodes sharing a start state)
+  index_in_group: int = 0
+  env: str = ""  # the environment tag, where episodes of several are pooled (validation)
 
   def tokens(self) -> List[int]:
     return [t for turn in self.turns for t in turn.context + turn.reply]
@@ -179,17 +184,34 @@ class Episode:
       length += len(turn.context) + len(turn.reply)
     return starts
 
+  def to_json(self) -> Dict[str, Any]:
+    """The episode's JSON record (a line of `eval/step_<s>.jsonl`; ragen_jax.viewer reads it)."""
+    return dict(
+        messages=self.messages,
+        success=bool(self.success),
+        reward=float(self.score),
+        turns=len(self.turns),
+        group_id=int(self.group_id),
+        context_truncated=self.context_truncated,
+        turn_rewards=[round(t.reward, 6) for t in self.turns],
+        reply_starts=self.reply_starts(),
+        **({"env_error": self.env_error} if self.env_error else {}),
+        env=self.env,
+        seed=int(self.seed),
+        episode=int(self.index_in_group),
+    )
+
 
 @dataclasses.dataclass
 class RolloutResult:
   batch: RolloutBatch
   metrics: Dict[str, np.ndarray]  # per episode, [B]
   summary: Dict[str, float]  # batch means, pass@group_size, cost counters, timings
-  episodes: List[Dict[str, Any]]  # messages, success, reward, turns (for JSON logs)
+  episodes: List[Episode]  # typed host records (Episode.to_json: what files hold)
 
 
 def to_result(eps: List[Episode], c: RolloutConfig, pad_id: int, stats: Dict[str, int]):
-  """The RolloutResult of a batch's episodes: the training batch, metrics and JSON records."""
+  """The RolloutResult of a batch's episodes: the training batch and metrics."""
   b = len(eps)
   group_ids = np.repeat(np.arange(c.env_groups, dtype=np.int32), c.group_size)
   scores = np.array([ep.score for ep in eps], np.float32)
@@ -231,21 +253,7 @@ def to_result(eps: List[Episode], c: RolloutConfig, pad_id: int, stats: Dict[str
   group_success = metrics["success"].reshape(c.env_groups, c.group_size).max(axis=1)
   summary[f"pass@{c.group_size}"] = float(np.mean(group_success))
   summary.update({k: float(v) for k, v in stats.items()})
-  episodes = [
-      dict(
-          messages=ep.messages,
-          success=bool(ep.success),
-          reward=float(ep.score),
-          turns=len(ep.turns),
-          group_id=int(group_ids[i]),
-          context_truncated=ep.context_truncated,
-          turn_rewards=[round(t.reward, 6) for t in ep.turns],
-          reply_starts=ep.reply_starts(),
-          **({"env_error": ep.env_error} if ep.env_error else {}),
-      )
-      for i, ep in enumerate(eps)
-  ]
-  return RolloutResult(batch, metrics, summary, episodes)
+  return RolloutResult(batch, metrics, summary, eps)
 
 
 def episode_metrics(eps: List[Episode]) -> Dict[str, np.ndarray]:

@@ -258,11 +258,12 @@ class _Run:
     return results
 
   def _check_env_errors(self, shares, step: int) -> None:
-    """Stops the run when a tag's share of failed episodes exceeds its `max_env_errors`."""
+    """Stops the run when a tag's share of failed episodes exceeds its `max_env_errors`
+    (`shares`: {tag: (that share, the tag's rollout.Episode records)})."""
     for spec in self.exp.envs:
       share, episodes = shares[spec.tag]
       if share > spec.max_env_errors:
-        first = next((ep["env_error"] for ep in episodes if "env_error" in ep), "")
+        first = next((ep.env_error for ep in episodes if ep.env_error), "")
         raise EnvironmentFailure(
             f"step {step}: {share:.0%} of the episodes of envs.{spec.tag} ({spec.label}) ended "
             f"in an environment fault, more than envs.{spec.tag}.max_env_errors="
@@ -319,7 +320,7 @@ class _Run:
         {
             spec.tag: (
                 metrics[f"val/{spec.tag}/env_error"],
-                [ep for ep in episodes if ep["env"] == spec.tag],
+                [ep for ep in episodes if ep.env == spec.tag],
             )
             for spec in self.exp.envs
         },

@@ -9,6 +9,7 @@ Metrics: `val/<tag>/<metric>` per tag, `val/<metric>` pooled over tags, and
 `val/<tag>/pass@k` (k = val_group_size: any success within a group).
 """
 
+import dataclasses
 import json
 import os
 from typing import Any, Dict, List, Tuple
@@ -42,8 +43,9 @@ def batches(exp, spec, engine):
     yield start, keys.validation_level_seed(exp, start), min(size, spec.val_groups - start) * k
 
 
-def run(exp, val_engines, model) -> Tuple[Dict[str, float], List[Dict[str, Any]]]:
-  """(metrics, one record per episode) of `model` on every tag's validation levels."""
+def run(exp, val_engines, model) -> Tuple[Dict[str, float], List[rollout_lib.Episode]]:
+  """(metrics, every episode) of `model` on every tag's validation levels; an episode's `env`
+  is its tag, its `group_id` the validation group (seed `seed.val + group_id`)."""
   key = keys.validation(exp.seed)
   metrics, pooled, episodes = {}, {}, []
   k = exp.rollout.val_group_size
@@ -54,17 +56,10 @@ def run(exp, val_engines, model) -> Tuple[Dict[str, float], List[Dict[str, Any]]
       result = engine.run(model, jax.random.fold_in(key, start), seed=seed)
       for name, values in result.metrics.items():
         per_episode.setdefault(name, []).append(values[:keep])
-      for i, ep in enumerate(result.episodes[:keep]):
-        group = start + ep["group_id"]
-        episodes.append(
-            {
-                **ep,
-                "env": spec.tag,
-                "group_id": group,
-                "seed": keys.validation_level_seed(exp, group),
-                "episode": i % k,
-            }
-        )
+      episodes += [
+          dataclasses.replace(ep, env=spec.tag, group_id=start + ep.group_id)
+          for ep in result.episodes[:keep]
+      ]
     for name, parts in per_episode.items():
       values = np.concatenate(parts)
       metrics[f"val/{spec.tag}/{name}"] = float(values.mean())
@@ -77,34 +72,42 @@ def run(exp, val_engines, model) -> Tuple[Dict[str, float], List[Dict[str, Any]]
 
 
 def write_outputs(
-    workdir: str, step: int, episodes: List[Dict[str, Any]], writer, tags, sample_trajectories: int
+    workdir: str,
+    step: int,
+    episodes: List[rollout_lib.Episode],
+    writer,
+    tags,
+    sample_trajectories: int,
 ) -> None:
   """A validation's trajectories: `eval/step_<s>.jsonl`, the viewer page `viewer/step_<s>.html`
   and the first `sample_trajectories` of each tag as TensorBoard text (process 0 only)."""
   if jax.process_index() != 0:
     return
-  write_jsonl(os.path.join(workdir, "eval", f"step_{step}.jsonl"), episodes)
+  records = [ep.to_json() for ep in episodes]
+  write_jsonl(os.path.join(workdir, "eval", f"step_{step}.jsonl"), records)
   viewer.write_html(
       os.path.join(workdir, "viewer", f"step_{step}.html"),
-      episodes,
+      records,
       title=f"{os.path.basename(os.path.abspath(workdir))}: validation at " f"step {step}",
   )
   for tag in tags:
-    samples = [e for e in episodes if e["env"] == tag][:sample_trajectories]
+    samples = [e for e in records if e["env"] == tag][:sample_trajectories]
     if samples:
       writer.text(step, f"val/{tag}/trajectories", markdown(samples))
 
 
 def write_jsonl(path: str, episodes: List[Dict[str, Any]]) -> None:
-  """One JSON line per episode, UTF-8 whatever the locale, replacing `path` whole."""
+  """One JSON line per episode record (`Episode.to_json()`), UTF-8 whatever the locale,
+  replacing `path` whole."""
   atomic_write.write_text(
       path, "".join(json.dumps(ep, ensure_ascii=False) + "\n" for ep in episodes)
   )
 
 
 def markdown(episodes: List[Dict[str, Any]]) -> str:
-  """Trajectories as TensorBoard text: a header line and the conversation in a code block that
-  no model reply can close (logging_utils.code_block), so none renders as links or images."""
+  """Episode records (`Episode.to_json()`) as TensorBoard text: a header line and the
+  conversation in a code block that no model reply can close (logging_utils.code_block), so
+  none renders as links or images."""
   parts = []
   for ep in episodes:
     body = "\n".join(f"[{m['role']}]\n{m['content']}" for m in ep["messages"][1:])
