@@ -251,8 +251,14 @@ def test_greedy_sampling_matches_transformers_generate(tmp_path, name):
         top_p=None,
         temperature=None,
     )[:, ids.shape[1] :].numpy()
-  out = sampling.generate(model, ids, mask, key=jax.random.key(0), max_new_tokens=n, temperature=0)
-  np.testing.assert_array_equal(np.asarray(out.tokens), ref)
+  out = sampling.generate(
+      model,
+      ids,
+      mask,
+      key=jax.random.key(0),
+      options=sampling.SamplingOptions(max_new_tokens=n, temperature=0),
+  )
+  np.testing.assert_array_equal(np.asarray(out.tokens_BxN), ref)
 
 
 @pytest.mark.parametrize(

@@ -104,7 +104,7 @@ class Rollout:
     # most one bucketed user turn (and a bucketed first prompt stays within 255 of its size).
     self.capacity = -(-c.max_context // 256) * 256 + max(sampling.bucket(c.max_turn_tokens), 256)
     answer_end = tokenizer.encode("</answer>")
-    self.options = sampling.sampling_options(
+    self.options = sampling.SamplingOptions(
         max_new_tokens=c.max_new_tokens,
         temperature=c.temperature,
         top_p=c.top_p,
