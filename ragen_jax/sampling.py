@@ -22,9 +22,10 @@ Log-probs: `logprobs[b, i]` is log softmax(logits / temperature) of the sampled 
 the temperature-scaled distribution before top-k / top-p truncation (what a trainer recomputes
 with a full forward pass). Greedy decoding (temperature 0) reports temperature-1 log-probs.
 
-A decode step is the model's own forward over one token per row: the loop carries the cache
-one array per layer (`models.LayerCache`, made once per call), so each step updates every layer's
-buffer in place and attends over a window of slots, not the whole capacity. Tests hold it to
+A decode step is the model's own forward over one token per row (`Qwen2.decode`): the loop
+carries the cache one array per layer (`models.LayerCache`, made once per call) and each layer's
+weights beside it (`Decoder.layer_weights`, taken out of the stack once per call), so each step
+updates every layer's buffer in place and attends over a window of slots, not the whole capacity. Tests hold it to
 transformers' greedy output and to a full forward.
 
 Dimension legend: B batch, T prompt (or appended chunk) length, N max new tokens, S cache
@@ -120,6 +121,7 @@ class DecodeState:
 
   step: jax.Array  # int32 scalar: index of the next token to sample
   cache: models.LayerCache  # holds the prompt and every sampled token but the last
+  weights: models.LayerWeights  # each layer's weights, taken out of the stack once per call
   last_B: jax.Array  # int32: the most recent sampled token of each row
   done_B: jax.Array  # bool: the row has stopped (or was never active)
   tokens_BxN: jax.Array  # int32
@@ -218,8 +220,9 @@ def _decode(
   window = cache.capacity if window is None else window
   # The weights once, here: sliced out of the stack inside the loop, copied every step. The
   # prefill attends over the window too, not the whole capacity.
-  cache = cache.per_layer(window, model.decoder.layer_weights())
-  hidden_BxTxD, cache = model.backbone(ids_BxT, mask_BxT, cache=cache)
+  weights = model.decoder.layer_weights()
+  cache = cache.per_layer(window)
+  hidden_BxTxD, cache = model.decoder.decode(ids_BxT, mask_BxT, cache=cache, weights=weights)
   # Only the last position's logits are sampled from: no [B, T, V] logits for a long prompt.
   logits_BxV = model.logits(hidden_BxTxD[:, -1:])[:, 0]
   key, sub = jax.random.split(key)
@@ -232,6 +235,7 @@ def _decode(
   state = DecodeState(
       step=jnp.int32(1),
       cache=cache,
+      weights=weights,
       last_B=token_B,
       done_B=done_B,
       tokens_BxN=tokens_BxN,
@@ -246,7 +250,9 @@ def _decode(
   def body(s: DecodeState):
     # Stopped rows feed a padding step (mask 0): a hole in the cache, invisible to attention.
     live_B = ~s.done_B
-    logits_Bx1xV, cache = model(s.last_B[:, None], live_B[:, None], cache=s.cache)
+    logits_Bx1xV, cache = model.decode(
+        s.last_B[:, None], live_B[:, None], cache=s.cache, weights=s.weights
+    )
     logits_BxV = logits_Bx1xV[:, 0]
     key, sub = jax.random.split(s.key)
     token_B, logp_B = sample(logits_BxV, sub)
@@ -259,6 +265,7 @@ def _decode(
     return DecodeState(
         step=s.step + 1,
         cache=cache,
+        weights=s.weights,
         last_B=jnp.where(live_B, token_B, s.last_B),
         done_B=done_B,
         tokens_BxN=tokens_BxN,

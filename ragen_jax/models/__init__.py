@@ -25,5 +25,6 @@ from ragen_jax.models.kv_cache import LayerCache
 from ragen_jax.models.qwen2 import create
 from ragen_jax.models.qwen2 import critic_from_policy
 from ragen_jax.models.qwen2 import Decoder
+from ragen_jax.models.qwen2 import LayerWeights
 from ragen_jax.models.qwen2 import Qwen2
 from ragen_jax.models.qwen2 import Qwen2Critic
