@@ -10,6 +10,7 @@ Dimension legend: B batch, T length, S cache capacity, L layers, D model dim,
 H query heads, K kv heads, Dh head dim, V vocab, F mlp dim.
 """
 
+from ragen_jax.models import hf_config
 from ragen_jax.models import lora
 from ragen_jax.models.checkpoint import load_hf
 from ragen_jax.models.checkpoint import save_hf

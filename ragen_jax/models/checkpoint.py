@@ -29,6 +29,7 @@ from safetensors import safe_open
 import safetensors.numpy
 
 from ragen_jax import atomic_write
+from ragen_jax.models import hf_config
 from ragen_jax.models import lora
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.qwen2 import Qwen2
@@ -138,7 +139,7 @@ def read_json_file(path: str) -> dict:
 
 
 def read_config(path: str, **overrides) -> ModelConfig:
-  """The ModelConfig of a checkpoint directory's config.json (overrides as in from_hf_dict).
+  """The ModelConfig of a checkpoint directory's config.json (`hf_config.from_hf_dict`).
 
   Raises:
     FileNotFoundError: no config.json.
@@ -150,7 +151,7 @@ def read_config(path: str, **overrides) -> ModelConfig:
     raise FileNotFoundError(f"no config.json in {path}")
   values = read_json_file(config_path)
   try:
-    return ModelConfig.from_hf_dict(values, **overrides)
+    return hf_config.from_hf_dict(values, **overrides)
   except ValueError as e:
     raise ValueError(f"{config_path}: {e}") from None
 
@@ -353,7 +354,7 @@ def save_hf(model: Qwen2, out_dir: str, *, max_shard_bytes: int = 4 * 2**30) -> 
       if os.path.exists(tmp):
         os.remove(tmp)
   atomic_write.write_text(
-      os.path.join(out_dir, "config.json"), json.dumps(model.config.to_hf_dict(), indent=2)
+      os.path.join(out_dir, "config.json"), json.dumps(hf_config.to_hf_dict(model.config), indent=2)
   )
   for name in os.listdir(out_dir):
     is_weights = name in (WEIGHTS_NAME, INDEX_NAME) or _SHARD_NAME.fullmatch(name)
