@@ -15,9 +15,12 @@ from ragen_jax.models import lora
 from ragen_jax.models.checkpoint import load_hf
 from ragen_jax.models.checkpoint import save_hf
 from ragen_jax.models.config import get_config
+from ragen_jax.models.config import kernel_table
+from ragen_jax.models.config import layer_table
 from ragen_jax.models.config import LoraConfig
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.config import num_params
+from ragen_jax.models.config import param_table
 from ragen_jax.models.config import PRESETS
 from ragen_jax.models.config import RopeScaling
 from ragen_jax.models.kv_cache import init_cache

@@ -1,4 +1,5 @@
-"""Decoder configuration (Qwen2, Qwen3, Llama 3.x) and presets (config.json: models/hf_config.py).
+"""Decoder configuration (Qwen2, Qwen3, Llama 3.x), presets and the parameter shapes it implies
+(`param_table`); the Hugging Face config.json is models/hf_config.py's.
 
 The three families share one decoder (pre-norm, grouped-query attention, RoPE, SwiGLU); they
 differ in q/k/v biases (Qwen2), per-head RMSNorm of q and k (Qwen3) and RoPE frequency scaling
@@ -12,6 +13,7 @@ Dimension legend used across `ragen_jax.models`:
 """
 
 import dataclasses
+import math
 from typing import Any
 
 import jax.numpy as jnp
@@ -383,20 +385,60 @@ def get_config(name: str, **overrides) -> ModelConfig:
   return PRESETS[key].replace(**overrides) if overrides else PRESETS[key]
 
 
+# {name: (shape, logical axes)} of parameters; per-layer ones carry a leading L ("layers") axis.
+ParamTable = dict[str, tuple[tuple[int, ...], tuple[str, ...]]]
+
+
+def kernel_table(c: ModelConfig) -> ParamTable:
+  """The stacked linear kernels, the part of `layer_table` that LoRA adapters can target."""
+  l, d, h, k, dh, f = (
+      c.num_layers,
+      c.hidden_size,
+      c.num_heads,
+      c.num_kv_heads,
+      c.head_dim,
+      c.intermediate_size,
+  )
+  return {
+      "q_kernel": ((l, d, h, dh), ("layers", "embed", "heads", "head_dim")),
+      "k_kernel": ((l, d, k, dh), ("layers", "embed", "kv_heads", "head_dim")),
+      "v_kernel": ((l, d, k, dh), ("layers", "embed", "kv_heads", "head_dim")),
+      "o_kernel": ((l, h, dh, d), ("layers", "heads", "head_dim", "embed")),
+      "gate_kernel": ((l, d, f), ("layers", "embed", "mlp")),
+      "up_kernel": ((l, d, f), ("layers", "embed", "mlp")),
+      "down_kernel": ((l, f, d), ("layers", "mlp", "embed")),
+  }
+
+
+def layer_table(c: ModelConfig) -> ParamTable:
+  """Every stacked decoder-layer parameter the config has: the kernels, Qwen2's q/k/v biases,
+  Qwen3's q/k norm scales (one [Dh] per layer, shared by the heads) and the two norm scales."""
+  l, d, h, k, dh = c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
+  table = kernel_table(c)
+  if c.attention_bias:
+    table["q_bias"] = ((l, h, dh), ("layers", "heads", "head_dim"))
+    table["k_bias"] = ((l, k, dh), ("layers", "kv_heads", "head_dim"))
+    table["v_bias"] = ((l, k, dh), ("layers", "kv_heads", "head_dim"))
+  if c.qk_norm:
+    table["q_norm"] = ((l, dh), ("layers", "head_dim"))
+    table["k_norm"] = ((l, dh), ("layers", "head_dim"))
+  table["attn_norm"] = ((l, d), ("layers", "embed"))
+  table["mlp_norm"] = ((l, d), ("layers", "embed"))
+  return table
+
+
+def param_table(c: ModelConfig) -> ParamTable:
+  """Every parameter of the causal LM, the one table that the model's modules, the checkpoint
+  I/O, `num_params` and the memory estimate read: the embedding, `layer_table`, the final norm
+  and, when not tied to the embedding, the LM head."""
+  d, v = c.hidden_size, c.vocab_size
+  table = {"embedding": ((v, d), ("vocab", "embed")), **layer_table(c)}
+  table["final_norm"] = ((d,), ("embed",))
+  if not c.tie_word_embeddings:
+    table["lm_head"] = ((d, v), ("embed", "vocab"))
+  return table
+
+
 def num_params(config: ModelConfig) -> int:
   """Parameter count of the causal LM (embedding counted once when tied)."""
-  d, f, h, k, dh = (
-      config.hidden_size,
-      config.intermediate_size,
-      config.num_heads,
-      config.num_kv_heads,
-      config.head_dim,
-  )
-  attn = d * h * dh + 2 * d * k * dh + h * dh * d
-  if config.attention_bias:
-    attn += h * dh + 2 * k * dh
-  if config.qk_norm:
-    attn += 2 * dh
-  layer = attn + 3 * d * f + 2 * d
-  embed = config.vocab_size * d * (1 if config.tie_word_embeddings else 2)
-  return config.num_layers * layer + embed + d
+  return sum(math.prod(shape) for shape, _ in param_table(config).values())

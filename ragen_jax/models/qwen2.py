@@ -31,7 +31,10 @@ from ragen_jax.models import attention
 from ragen_jax.models import layers as ops
 from ragen_jax.models import lora
 from ragen_jax.models.config import get_config
+from ragen_jax.models.config import kernel_table
+from ragen_jax.models.config import layer_table
 from ragen_jax.models.config import ModelConfig
+from ragen_jax.models.config import param_table
 from ragen_jax.models.kv_cache import KVCache
 from ragen_jax.models.kv_cache import LayerCache
 
@@ -63,34 +66,11 @@ def _normal(rngs: nnx.Rngs, shapes: list[tuple[int, ...]]) -> list[jax.Array]:
   return [flat[o : o + n].reshape(shape) for o, n, shape in zip(offsets, sizes, shapes)]
 
 
-def kernel_table(c: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
-  """The stacked linear kernels: {name: (shape, logical axes)}, the one table that the layers,
-  the LoRA adapters and the memory estimate read."""
-  l, d, h, k, dh, f = (
-      c.num_layers,
-      c.hidden_size,
-      c.num_heads,
-      c.num_kv_heads,
-      c.head_dim,
-      c.intermediate_size,
-  )
-  return {
-      "q_kernel": ((l, d, h, dh), ("layers", "embed", "heads", "head_dim")),
-      "k_kernel": ((l, d, k, dh), ("layers", "embed", "kv_heads", "head_dim")),
-      "v_kernel": ((l, d, k, dh), ("layers", "embed", "kv_heads", "head_dim")),
-      "o_kernel": ((l, h, dh, d), ("layers", "heads", "head_dim", "embed")),
-      "gate_kernel": ((l, d, f), ("layers", "embed", "mlp")),
-      "up_kernel": ((l, d, f), ("layers", "embed", "mlp")),
-      "down_kernel": ((l, f, d), ("layers", "mlp", "embed")),
-  }
-
-
 class DecoderLayers(nnx.Module):
   """All L decoder layers, parameters stacked on a leading layer axis."""
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     c, pd = config, config.param_dtype
-    l, d, h, k, dh = c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
     kernels = kernel_table(c)
     values = _normal(rngs, [shape for shape, _ in kernels.values()])
     for (name, (_, axes)), value in zip(kernels.items(), values):
@@ -99,16 +79,12 @@ class DecoderLayers(nnx.Module):
       kernel_vars = {name: getattr(self, name) for name in kernels}
       for name, adapter in lora.init_adapters(kernel_vars, c.lora, rngs.params()).items():
         setattr(self, name, adapter)
-    # transformers initialises biases to 0 and norm scales to 1.
-    if c.attention_bias:  # Qwen2
-      self.q_bias = _param(jnp.zeros((l, h, dh)), ("layers", "heads", "head_dim"), pd)
-      self.k_bias = _param(jnp.zeros((l, k, dh)), ("layers", "kv_heads", "head_dim"), pd)
-      self.v_bias = _param(jnp.zeros((l, k, dh)), ("layers", "kv_heads", "head_dim"), pd)
-    if c.qk_norm:  # Qwen3: one [Dh] scale per layer, shared by all heads
-      self.q_norm = _param(jnp.ones((l, dh)), ("layers", "head_dim"), pd)
-      self.k_norm = _param(jnp.ones((l, dh)), ("layers", "head_dim"), pd)
-    self.attn_norm = _param(jnp.ones((l, d)), ("layers", "embed"), pd)
-    self.mlp_norm = _param(jnp.ones((l, d)), ("layers", "embed"), pd)
+    # The rest of the table (biases, norm scales): transformers initialises biases to 0 and
+    # norm scales to 1.
+    for name, (shape, axes) in layer_table(c).items():
+      if name not in kernels:
+        fill = jnp.zeros if name.endswith("_bias") else jnp.ones
+        setattr(self, name, _param(fill(shape), axes, pd))
 
   def stacked(self) -> dict[str, jax.Array]:
     """The raw stacked arrays, keyed by parameter name."""
@@ -226,13 +202,12 @@ class Decoder(nnx.Module):
     # A kernel this device or dtype cannot run is an error when the model is built.
     attention.resolve(config.attention, config.dtype, config.head_dim)
     self.config = config
-    self.embedding = _param(
-        _normal(rngs, [(config.vocab_size, config.hidden_size)])[0],
-        ("vocab", "embed"),
-        config.param_dtype,
-    )
+    table = param_table(config)
+    shape, axes = table["embedding"]
+    self.embedding = _param(_normal(rngs, [shape])[0], axes, config.param_dtype)
     self.layers = DecoderLayers(config, rngs=rngs)
-    self.final_norm = _param(jnp.ones((config.hidden_size,)), ("embed",), config.param_dtype)
+    shape, axes = table["final_norm"]
+    self.final_norm = _param(jnp.ones(shape), axes, config.param_dtype)
 
   def __call__(
       self,
@@ -338,11 +313,8 @@ class Qwen2(nnx.Module):
     self.config = config
     self.decoder = Decoder(config, rngs=rngs)
     if not config.tie_word_embeddings:
-      self.lm_head = _param(
-          _normal(rngs, [(config.hidden_size, config.vocab_size)])[0],
-          ("embed", "vocab"),
-          config.param_dtype,
-      )
+      shape, axes = param_table(config)["lm_head"]
+      self.lm_head = _param(_normal(rngs, [shape])[0], axes, config.param_dtype)
 
   def unembed_kernel(self) -> jax.Array:
     """The [D, V] output projection (the embedding transposed when tied)."""
