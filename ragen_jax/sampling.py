@@ -1,10 +1,10 @@
 """KV-cache sampling for ragen_jax.models.Qwen2: jitted prefill + `lax.while_loop` decode.
 
     from ragen_jax import sampling
-    out = sampling.generate(model, input_ids_BxT, attention_mask_BxT, key=key,
-                            max_new_tokens=64, temperature=1.0, top_p=1.0, top_k=0,
-                            stop_token_ids=(eos_id,))
-    out.tokens_BxN, out.logprobs_BxN, out.lengths_B   # also .tokens / .logprobs / .lengths
+    options = sampling.SamplingOptions(max_new_tokens=64, temperature=1.0, top_p=1.0, top_k=0,
+                                       stop_token_ids=(eos_id,))
+    out = sampling.generate(model, input_ids_BxT, attention_mask_BxT, key=key, options=options)
+    out.tokens_BxN, out.logprobs_BxN, out.lengths_B
 
 Prompts are left-padded (mask 0 on the left). Prompt lengths are bucketed (powers of two up to
 128, then multiples of 128) by adding more left padding, so new lengths reuse compiled code.
@@ -22,9 +22,10 @@ Log-probs: `logprobs[b, i]` is log softmax(logits / temperature) of the sampled 
 the temperature-scaled distribution before top-k / top-p truncation (what a trainer recomputes
 with a full forward pass). Greedy decoding (temperature 0) reports temperature-1 log-probs.
 
-A decode step is the model's own forward over one token per row: the loop carries the cache
-one array per layer (`models.LayerCache`, made once per call), so each step updates every layer's
-buffer in place and attends over a window of slots, not the whole capacity. Tests hold it to
+A decode step is the model's own forward over one token per row (`Qwen2.decode`): the loop
+carries the cache one array per layer (`models.LayerCache`, made once per call) and each layer's
+weights beside it (`Decoder.layer_weights`, taken out of the stack once per call), so each step
+updates every layer's buffer in place and attends over a window of slots, not the whole capacity. Tests hold it to
 transformers' greedy output and to a full forward.
 
 Dimension legend: B batch, T prompt (or appended chunk) length, N max new tokens, S cache
@@ -32,6 +33,7 @@ capacity, V vocab, L layers, D model dim, H query heads, K kv heads, G = H // K,
 Q length of a stop sequence.
 """
 
+import dataclasses
 import functools
 from typing import NamedTuple, Sequence
 
@@ -49,17 +51,68 @@ class SampleOutput(NamedTuple):
   logprobs_BxN: jax.Array  # float32, 0 after a row stops
   lengths_B: jax.Array  # int32, sampled tokens per row (stop token included)
 
-  @property
-  def tokens(self):
-    return self.tokens_BxN
 
-  @property
-  def logprobs(self):
-    return self.logprobs_BxN
+def _normalise_stops(stop_token_ids: Sequence[int], stop_sequences: Sequence[Sequence[int]]):
+  ids = set(int(i) for i in stop_token_ids)
+  seqs = []
+  for seq in stop_sequences:
+    seq = tuple(int(i) for i in seq)
+    if not seq:
+      raise ValueError("empty stop sequence")
+    if len(seq) == 1:
+      ids.add(seq[0])
+    else:
+      seqs.append(seq)
+  return tuple(sorted(ids)), tuple(sorted(set(seqs)))
 
-  @property
-  def lengths(self):
-    return self.lengths_B
+
+@dataclasses.dataclass(frozen=True)
+class SamplingOptions:
+  """What to sample: validated, hashable, the one static argument of the decode program.
+
+  Fields are normalised on construction (ints, floats, sorted tuples; a one-token stop
+  sequence becomes a stop id), so equal options hash equal and reuse compiled code.
+
+  Attributes:
+    max_new_tokens: N, the most tokens sampled per row.
+    temperature: 0 = greedy.
+    top_p: nucleus mass (1 = off).
+    top_k: keep the k most likely tokens (0 = off).
+    stop_token_ids: ids that end a row (the stop token is kept and counted).
+    stop_sequences: token-id sequences that end a row once sampled in full (e.g. the ids of
+      "</answer>").
+    pad_id: written after a row stops.
+  """
+
+  max_new_tokens: int
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0
+  stop_token_ids: tuple[int, ...] = ()
+  stop_sequences: tuple[tuple[int, ...], ...] = ()
+  pad_id: int = 0
+
+  def __post_init__(self):
+    if self.max_new_tokens < 1:
+      raise ValueError(f"max_new_tokens must be positive, got {self.max_new_tokens}")
+    if self.temperature < 0:
+      raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+    if not 0.0 < self.top_p <= 1.0:
+      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+    if self.top_k < 0:
+      raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+    ids, seqs = _normalise_stops(self.stop_token_ids, self.stop_sequences)
+    normalised = dict(
+        max_new_tokens=int(self.max_new_tokens),
+        temperature=float(self.temperature),
+        top_p=float(self.top_p),
+        top_k=int(self.top_k),
+        stop_token_ids=ids,
+        stop_sequences=seqs,
+        pad_id=int(self.pad_id),
+    )
+    for name, value in normalised.items():
+      object.__setattr__(self, name, value)
 
 
 @struct.dataclass
@@ -68,6 +121,7 @@ class DecodeState:
 
   step: jax.Array  # int32 scalar: index of the next token to sample
   cache: models.LayerCache  # holds the prompt and every sampled token but the last
+  weights: models.LayerWeights  # each layer's weights, taken out of the stack once per call
   last_B: jax.Array  # int32: the most recent sampled token of each row
   done_B: jax.Array  # bool: the row has stopped (or was never active)
   tokens_BxN: jax.Array  # int32
@@ -151,36 +205,37 @@ def _decode(
     active_B,
     key,
     *,
-    max_new_tokens,
-    temperature,
-    top_k,
-    top_p,
-    stop_token_ids,
-    stop_sequences,
-    pad_id,
+    options: SamplingOptions,
     window=None,
 ):
   """Appends ids_BxT to the cache, then samples up to N tokens per active row."""
   model = nnx.merge(graphdef, params)
-  b, n = ids_BxT.shape[0], max_new_tokens
+  b, n = ids_BxT.shape[0], options.max_new_tokens
+  pad_id = options.pad_id
+  stops = (options.stop_token_ids, options.stop_sequences)
+  sample = functools.partial(
+      _sample, temperature=options.temperature, top_k=options.top_k, top_p=options.top_p
+  )
   full_cache = cache
   window = cache.capacity if window is None else window
   # The weights once, here: sliced out of the stack inside the loop, copied every step. The
   # prefill attends over the window too, not the whole capacity.
-  cache = cache.per_layer(window, model.decoder.layer_weights())
-  hidden_BxTxD, cache = model.backbone(ids_BxT, mask_BxT, cache=cache)
+  weights = model.decoder.layer_weights()
+  cache = cache.per_layer(window)
+  hidden_BxTxD, cache = model.decoder.decode(ids_BxT, mask_BxT, cache=cache, weights=weights)
   # Only the last position's logits are sampled from: no [B, T, V] logits for a long prompt.
   logits_BxV = model.logits(hidden_BxTxD[:, -1:])[:, 0]
   key, sub = jax.random.split(key)
-  token_B, logp_B = _sample(logits_BxV, sub, temperature=temperature, top_k=top_k, top_p=top_p)
+  token_B, logp_B = sample(logits_BxV, sub)
   tokens_BxN = (
       jnp.full((b, n), pad_id, jnp.int32).at[:, 0].set(jnp.where(active_B, token_B, pad_id))
   )
   logprobs_BxN = jnp.zeros((b, n), jnp.float32).at[:, 0].set(jnp.where(active_B, logp_B, 0.0))
-  done_B = ~active_B | _stopped(tokens_BxN, 0, token_B, stop_token_ids, stop_sequences)
+  done_B = ~active_B | _stopped(tokens_BxN, 0, token_B, *stops)
   state = DecodeState(
       step=jnp.int32(1),
       cache=cache,
+      weights=weights,
       last_B=token_B,
       done_B=done_B,
       tokens_BxN=tokens_BxN,
@@ -195,19 +250,22 @@ def _decode(
   def body(s: DecodeState):
     # Stopped rows feed a padding step (mask 0): a hole in the cache, invisible to attention.
     live_B = ~s.done_B
-    logits_Bx1xV, cache = model(s.last_B[:, None], live_B[:, None], cache=s.cache)
+    logits_Bx1xV, cache = model.decode(
+        s.last_B[:, None], live_B[:, None], cache=s.cache, weights=s.weights
+    )
     logits_BxV = logits_Bx1xV[:, 0]
     key, sub = jax.random.split(s.key)
-    token_B, logp_B = _sample(logits_BxV, sub, temperature=temperature, top_k=top_k, top_p=top_p)
+    token_B, logp_B = sample(logits_BxV, sub)
     token_B = jnp.where(live_B, token_B, pad_id)
     tokens_BxN = jax.lax.dynamic_update_slice_in_dim(s.tokens_BxN, token_B[:, None], s.step, 1)
     logprobs_BxN = jax.lax.dynamic_update_slice_in_dim(
         s.logprobs_BxN, jnp.where(live_B, logp_B, 0.0)[:, None], s.step, 1
     )
-    done_B = s.done_B | _stopped(tokens_BxN, s.step, token_B, stop_token_ids, stop_sequences)
+    done_B = s.done_B | _stopped(tokens_BxN, s.step, token_B, *stops)
     return DecodeState(
         step=s.step + 1,
         cache=cache,
+        weights=s.weights,
         last_B=jnp.where(live_B, token_B, s.last_B),
         done_B=done_B,
         tokens_BxN=tokens_BxN,
@@ -223,71 +281,25 @@ def _decode(
   )
 
 
-_STATIC = (
-    "graphdef",
-    "max_new_tokens",
-    "temperature",
-    "top_k",
-    "top_p",
-    "stop_token_ids",
-    "stop_sequences",
-    "pad_id",
+_decode_jit = jax.jit(
+    _decode, static_argnames=("graphdef", "options", "window"), donate_argnames=("cache",)
 )
-_decode_jit = jax.jit(_decode, static_argnames=(*_STATIC, "window"), donate_argnames=("cache",))
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "config", "capacity", *_STATIC[1:]))
-def _generate_jit(graphdef, params, ids_BxT, mask_BxT, key, *, config, capacity, **kwargs):
+@functools.partial(jax.jit, static_argnames=("graphdef", "config", "capacity", "options"))
+def _generate_jit(graphdef, params, ids_BxT, mask_BxT, key, *, config, capacity, options):
   cache = models.init_cache(config, ids_BxT.shape[0], capacity)
   out, _ = _decode(
-      graphdef, params, cache, ids_BxT, mask_BxT, jnp.any(mask_BxT > 0, axis=1), key, **kwargs
+      graphdef,
+      params,
+      cache,
+      ids_BxT,
+      mask_BxT,
+      jnp.any(mask_BxT > 0, axis=1),
+      key,
+      options=options,
   )
   return out
-
-
-def _normalise_stops(stop_token_ids: Sequence[int], stop_sequences: Sequence[Sequence[int]]):
-  ids = set(int(i) for i in stop_token_ids)
-  seqs = []
-  for seq in stop_sequences:
-    seq = tuple(int(i) for i in seq)
-    if not seq:
-      raise ValueError("empty stop sequence")
-    if len(seq) == 1:
-      ids.add(seq[0])
-    else:
-      seqs.append(seq)
-  return tuple(sorted(ids)), tuple(sorted(set(seqs)))
-
-
-def sampling_options(
-    *,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
-    stop_token_ids: Sequence[int] = (),
-    stop_sequences: Sequence[Sequence[int]] = (),
-    pad_id: int = 0,
-) -> dict:
-  """Validated, hashable static arguments of the decode program."""
-  if max_new_tokens < 1:
-    raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
-  if temperature < 0:
-    raise ValueError(f"temperature must be >= 0, got {temperature}")
-  if not 0.0 < top_p <= 1.0:
-    raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-  if top_k < 0:
-    raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
-  ids, seqs = _normalise_stops(stop_token_ids, stop_sequences)
-  return dict(
-      max_new_tokens=int(max_new_tokens),
-      temperature=float(temperature),
-      top_k=int(top_k),
-      top_p=float(top_p),
-      stop_token_ids=ids,
-      stop_sequences=seqs,
-      pad_id=int(pad_id),
-  )
 
 
 def generate(
@@ -296,13 +308,7 @@ def generate(
     attention_mask,
     *,
     key: jax.Array,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
-    stop_token_ids: Sequence[int] = (),
-    stop_sequences: Sequence[Sequence[int]] = (),
-    pad_id: int = 0,
+    options: SamplingOptions,
 ) -> SampleOutput:
   """Samples continuations of left-padded prompts.
 
@@ -311,27 +317,12 @@ def generate(
     input_ids: int [B, T] prompts, left-padded.
     attention_mask: [B, T], 0 on the left padding; a row of zeros samples nothing.
     key: PRNG key (unused when temperature is 0).
-    max_new_tokens: N.
-    temperature: 0 = greedy.
-    top_p: nucleus mass (1 = off).
-    top_k: keep the k most likely tokens (0 = off).
-    stop_token_ids: ids that end a row (the stop token is kept and counted).
-    stop_sequences: token-id sequences that end a row once sampled in full (e.g. the ids of
-      "</answer>"); a one-token sequence is a stop id.
-    pad_id: written after a row stops.
+    options: what to sample (N, temperature, top-k / top-p, stops, padding).
 
   Returns:
     SampleOutput(tokens_BxN, logprobs_BxN, lengths_B).
   """
-  opts = sampling_options(
-      max_new_tokens=max_new_tokens,
-      temperature=temperature,
-      top_p=top_p,
-      top_k=top_k,
-      stop_token_ids=stop_token_ids,
-      stop_sequences=stop_sequences,
-      pad_id=pad_id,
-  )
+  pad_id = options.pad_id
   ids_BxT = np.asarray(input_ids, np.int32)
   mask_BxT = np.asarray(attention_mask, np.int32)
   b, t = ids_BxT.shape
@@ -346,8 +337,8 @@ def generate(
       mask_BxT,
       key,
       config=model.config,
-      capacity=generate_capacity(t, max_new_tokens),
-      **opts,
+      capacity=generate_capacity(t, options.max_new_tokens),
+      options=options,
   )
 
 
@@ -360,8 +351,8 @@ def extend(
     active_B,
     key,
     *,
+    options: SamplingOptions,
     window: int | None = None,
-    **opts,
 ) -> tuple[SampleOutput, models.KVCache]:
   """`generate` over an existing cache: appends ids_BxT (left-padded), then samples.
 
@@ -374,9 +365,9 @@ def extend(
     ids_BxT, mask_BxT: the new tokens, left-padded (T should be bucketed by the caller).
     active_B: rows that sample; others only pad.
     key: PRNG key.
+    options: what to sample.
     window: static number of leading cache slots the decode loop attends over (None = all);
       callers bucket it (`window_for`) so that it takes few values.
-    **opts: `sampling_options(...)`.
 
   Returns:
     (SampleOutput, the updated cache).
@@ -385,11 +376,11 @@ def extend(
     ValueError: the new tokens and N samples do not fit the cache (or the window).
   """
   limit = cache.capacity if window is None else min(window, cache.capacity)
-  need = int(cache.end_index) + ids_BxT.shape[1] + opts["max_new_tokens"]
+  need = int(cache.end_index) + ids_BxT.shape[1] + options.max_new_tokens
   if need > limit:
     raise ValueError(f"{need} slots needed but the cache (window) has {limit}")
   return _decode_jit(
-      graphdef, params, cache, ids_BxT, mask_BxT, active_B, key, window=window, **opts
+      graphdef, params, cache, ids_BxT, mask_BxT, active_B, key, options=options, window=window
   )
 
 

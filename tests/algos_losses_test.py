@@ -13,6 +13,7 @@ import pytest
 
 from ragen_jax import algos
 
+CLIPS = dict(clip_low=0.2, clip_high=0.28, clip_c=3.0)  # the reference's, PPOConfig's defaults
 MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
@@ -112,7 +113,7 @@ def test_policy_loss_case_table_and_clamps():
   logp = jnp.log(jnp.array([[1.5, 0.5, 1.0, 2.0, 0.5]])).at[0, 2].set(25.0)
   adv = jnp.array([[1.0, -1.0, -1.0, 0.0, 2.0]])
   m = jnp.ones((1, 5))
-  loss, met = algos.policy_loss(logp, old, adv, m, 0.2, 0.28, 3.0)
+  loss, met = algos.policy_loss(logp, old, adv, m, **CLIPS)
   per_token = np.array([-1.28, 0.8, 3.0, 0.0, -1.0])
   np.testing.assert_allclose(loss, per_token.mean(), rtol=1e-5)
   np.testing.assert_allclose(met["pg_clipfrac"], 2 / 5, rtol=1e-6)
@@ -120,7 +121,7 @@ def test_policy_loss_case_table_and_clamps():
   expect_kl = -(np.log(1.5) + np.log(0.5) + 20.0 + np.log(2.0) + np.log(0.5)) / 5
   np.testing.assert_allclose(met["ppo_kl"], expect_kl, rtol=1e-5)
   # The gradient is finite even for the extreme token, and zero where a clip is active.
-  g = jax.grad(lambda lp: algos.policy_loss(lp, old, adv, m)[0])(logp)
+  g = jax.grad(lambda lp: algos.policy_loss(lp, old, adv, m, **CLIPS)[0])(logp)
   assert np.all(np.isfinite(g))
   np.testing.assert_allclose(g[0, :4], 0.0, atol=1e-7)
   np.testing.assert_allclose(g[0, 4], -2.0 * 0.5 / 5, rtol=1e-5)  # −A·ρ/N, unclipped
@@ -130,7 +131,9 @@ def test_policy_loss_on_policy_is_plain_policy_gradient():
   adv = jnp.array([[1.0, -2.0, 0.5]])
   logp = jnp.array([[-1.0, -2.0, -0.5]])
   m = jnp.array([[1, 1, 0]])
-  g = jax.grad(lambda lp: algos.policy_loss(lp, jax.lax.stop_gradient(lp), adv, m)[0])(logp)
+  g = jax.grad(lambda lp: algos.policy_loss(lp, jax.lax.stop_gradient(lp), adv, m, **CLIPS)[0])(
+      logp
+  )
   np.testing.assert_allclose(g, [[-0.5, 1.0, 0.0]], rtol=1e-6)
 
 
@@ -147,7 +150,9 @@ def test_policy_loss_matches_reference(lr, adv, m, mode):
   loss, met = _policy_jit(
       jnp.asarray(logp), jnp.asarray(old), jnp.asarray(adv), jnp.asarray(m), mode
   )
-  ref_l, ref_kl_, ref_cf, ref_low = ref_policy(logp.astype(np.float64), old, adv, m, 0.2, 0.28, 3.0)
+  ref_l, ref_kl_, ref_cf, ref_low = ref_policy(
+      logp.astype(np.float64), old, adv, m, *CLIPS.values()
+  )
   np.testing.assert_allclose(loss, ref_agg(ref_l, m, mode), rtol=1e-4, atol=1e-4)
   np.testing.assert_allclose(met["ppo_kl"], ref_kl_, rtol=1e-4, atol=1e-4)
   np.testing.assert_allclose(met["pg_clipfrac"], ref_cf, atol=1e-6)
@@ -155,7 +160,8 @@ def test_policy_loss_matches_reference(lr, adv, m, mode):
 
 
 _policy_jit = jax.jit(
-    lambda lp, old, a, m, mode: algos.policy_loss(lp, old, a, m, agg_mode=mode), static_argnums=4
+    lambda lp, old, a, m, mode: algos.policy_loss(lp, old, a, m, agg_mode=mode, **CLIPS),
+    static_argnums=4,
 )
 
 

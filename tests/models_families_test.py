@@ -8,6 +8,7 @@ frequency bands (kept, blended, slowed) occur. Dimension legend: B batch, T leng
 """
 
 import json
+import math
 import os
 
 from flax import nnx
@@ -251,8 +252,14 @@ def test_greedy_sampling_matches_transformers_generate(tmp_path, name):
         top_p=None,
         temperature=None,
     )[:, ids.shape[1] :].numpy()
-  out = sampling.generate(model, ids, mask, key=jax.random.key(0), max_new_tokens=n, temperature=0)
-  np.testing.assert_array_equal(np.asarray(out.tokens), ref)
+  out = sampling.generate(
+      model,
+      ids,
+      mask,
+      key=jax.random.key(0),
+      options=sampling.SamplingOptions(max_new_tokens=n, temperature=0),
+  )
+  np.testing.assert_array_equal(np.asarray(out.tokens_BxN), ref)
 
 
 @pytest.mark.parametrize(
@@ -446,6 +453,21 @@ def test_family_parameters_and_flags():
   # Initialised to the identity norm, as transformers does.
   model = models.create(tiny.replace(model_type="qwen3"), jax.random.key(0))
   np.testing.assert_array_equal(np.asarray(model.decoder.layers.q_norm[...]), 1.0)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama"])
+@pytest.mark.parametrize("tied", [True, False])
+def test_param_table_is_the_models_parameters(family, tied):
+  # Every parameter the model builds, with its shape and logical axes, and nothing else, is an
+  # entry of models.param_table, which num_params, the checkpoint I/O and the memory estimate read.
+  config = models.get_config("tiny", model_type=family, tie_word_embeddings=tied)
+  abstract = nnx.eval_shape(lambda: models.Qwen2(config, rngs=nnx.Rngs(0)))
+  built = {
+      path[-1]: (tuple(var.shape), tuple(var.get_metadata()["out_sharding"]))
+      for path, var in nnx.to_flat_state(nnx.state(abstract, nnx.Param))
+  }
+  assert built == models.param_table(config)
+  assert models.num_params(config) == sum(math.prod(shape) for shape, _ in built.values())
 
 
 # Parameter counts of the published checkpoints (tied heads counted once): the Qwen3 numbers

@@ -88,11 +88,14 @@ def test_adapters_equal_merged_weights_in_forward_prefill_and_decode():
   assert_logits_close(np.asarray(adapted(IDS_BxT, MASK_BxT)), expected_BxTxV)
   assert_logits_close(np.asarray(lora.merge(adapted)(IDS_BxT, MASK_BxT)), expected_BxTxV)
   # Prefill through the layer scan (KVCache), then one decode step through the unrolled layers
-  # (LayerCache): the sampler's two passes.
+  # (`decode` over a LayerCache and the layers' weights): the sampler's two passes.
   cache = models.init_cache(adapted.config, 2, 8)
   prefill_BxTxV, cache = adapted(IDS_BxT[:, :-1], MASK_BxT[:, :-1], cache=cache)
-  step_Bx1xV, _ = adapted(
-      IDS_BxT[:, -1:], MASK_BxT[:, -1:], cache=cache.per_layer(8, adapted.decoder.layer_weights())
+  step_Bx1xV, _ = adapted.decode(
+      IDS_BxT[:, -1:],
+      MASK_BxT[:, -1:],
+      cache=cache.per_layer(8),
+      weights=adapted.decoder.layer_weights(),
   )
   real = MASK_BxT.astype(bool)
   assert_logits_close(np.asarray(prefill_BxTxV)[real[:, :-1]], expected_BxTxV[:, :-1][real[:, :-1]])

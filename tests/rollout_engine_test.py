@@ -191,16 +191,19 @@ class Script:
   def __init__(self, replies):
     self.replies, self.calls = replies, 0
 
-  def __call__(self, graphdef, params, cache, ids_BxC, mask_BxC, active_B, key, **opts):
-    n = opts["max_new_tokens"]
-    tokens = np.full((len(self.replies), n), opts["pad_id"], np.int32)
+  def __call__(
+      self, graphdef, params, cache, ids_BxC, mask_BxC, active_B, key, *, options, window=None
+  ):
+    del window
+    n = options.max_new_tokens
+    tokens = np.full((len(self.replies), n), options.pad_id, np.int32)
     lengths = np.zeros(len(self.replies), np.int32)
     for i, active in enumerate(np.asarray(active_B)):
       if active:
         ids = TOK.encode(self.replies[i][self.calls])[:n]
         tokens[i, : len(ids)], lengths[i] = ids, len(ids)
     self.calls += 1
-    logprobs = np.where(tokens != opts["pad_id"], -0.5, 0.0).astype(np.float32)
+    logprobs = np.where(tokens != options.pad_id, -0.5, 0.0).astype(np.float32)
     return sampling.SampleOutput(tokens, logprobs, lengths), cache
 
 

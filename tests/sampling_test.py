@@ -78,11 +78,15 @@ def test_greedy_matches_transformers_token_for_token(pair):
   n = 12
   ref = hf_greedy(hf, ids, mask, n)
   out = sampling.generate(
-      model, ids, mask, key=jax.random.key(0), max_new_tokens=n, temperature=0.0
+      model,
+      ids,
+      mask,
+      key=jax.random.key(0),
+      options=sampling.SamplingOptions(max_new_tokens=n, temperature=0.0),
   )
-  np.testing.assert_array_equal(np.asarray(out.tokens), ref)
-  np.testing.assert_array_equal(np.asarray(out.lengths), n)
-  assert out.tokens.dtype == jnp.int32 and out.logprobs.dtype == jnp.float32
+  np.testing.assert_array_equal(np.asarray(out.tokens_BxN), ref)
+  np.testing.assert_array_equal(np.asarray(out.lengths_B), n)
+  assert out.tokens_BxN.dtype == jnp.int32 and out.logprobs_BxN.dtype == jnp.float32
 
 
 def test_greedy_stops_on_eos_like_transformers(pair):
@@ -96,21 +100,20 @@ def test_greedy_stops_on_eos_like_transformers(pair):
       ids,
       mask,
       key=jax.random.key(0),
-      max_new_tokens=10,
-      temperature=0.0,
-      stop_token_ids=(eos,),
-      pad_id=0,
+      options=sampling.SamplingOptions(
+          max_new_tokens=10, temperature=0.0, stop_token_ids=(eos,), pad_id=0
+      ),
   )
-  tokens = np.asarray(out.tokens)
+  tokens = np.asarray(out.tokens_BxN)
   # transformers stops once every row is done; the rest is padding.
   np.testing.assert_array_equal(tokens[:, : ref.shape[1]], ref)
   assert np.all(tokens[:, ref.shape[1] :] == 0)
   for row in range(len(LENGTHS)):
     hits = np.flatnonzero(free[row] == eos)
     expected = hits[0] + 1 if len(hits) else 10
-    assert int(out.lengths[row]) == expected
+    assert int(out.lengths_B[row]) == expected
     assert np.all(tokens[row, expected:] == 0)
-    assert np.all(np.asarray(out.logprobs)[row, expected:] == 0)
+    assert np.all(np.asarray(out.logprobs_BxN)[row, expected:] == 0)
 
 
 def test_stop_sequence_ends_the_row(pair):
@@ -118,8 +121,12 @@ def test_stop_sequence_ends_the_row(pair):
   ids, mask = left_padded()
   free = np.asarray(
       sampling.generate(
-          model, ids, mask, key=jax.random.key(0), max_new_tokens=10, temperature=0.0
-      ).tokens
+          model,
+          ids,
+          mask,
+          key=jax.random.key(0),
+          options=sampling.SamplingOptions(max_new_tokens=10, temperature=0.0),
+      ).tokens_BxN
   )
   seq = (int(free[1, 4]), int(free[1, 5]))
   out = sampling.generate(
@@ -127,19 +134,18 @@ def test_stop_sequence_ends_the_row(pair):
       ids,
       mask,
       key=jax.random.key(0),
-      max_new_tokens=10,
-      temperature=0.0,
-      stop_sequences=(seq,),
-      pad_id=0,
+      options=sampling.SamplingOptions(
+          max_new_tokens=10, temperature=0.0, stop_sequences=(seq,), pad_id=0
+      ),
   )
   for row in range(len(LENGTHS)):
     pairs = [i + 1 for i in range(9) if (free[row, i], free[row, i + 1]) == seq]
     expected = pairs[0] + 1 if pairs else 10
-    assert int(out.lengths[row]) == expected
-    n = int(out.lengths[row])
-    np.testing.assert_array_equal(np.asarray(out.tokens)[row, :n], free[row, :n])
-    assert np.all(np.asarray(out.tokens)[row, n:] == 0)
-  assert int(out.lengths[1]) <= 6
+    assert int(out.lengths_B[row]) == expected
+    n = int(out.lengths_B[row])
+    np.testing.assert_array_equal(np.asarray(out.tokens_BxN)[row, :n], free[row, :n])
+    assert np.all(np.asarray(out.tokens_BxN)[row, n:] == 0)
+  assert int(out.lengths_B[1]) <= 6
 
 
 @pytest.mark.parametrize(
@@ -154,12 +160,11 @@ def test_sampled_logprobs_match_a_full_forward(pair, temperature, top_k, top_p):
       ids,
       mask,
       key=jax.random.key(3),
-      max_new_tokens=n,
-      temperature=temperature,
-      top_k=top_k,
-      top_p=top_p,
+      options=sampling.SamplingOptions(
+          max_new_tokens=n, temperature=temperature, top_k=top_k, top_p=top_p
+      ),
   )
-  tokens, logprobs = np.asarray(out.tokens), np.asarray(out.logprobs)
+  tokens, logprobs = np.asarray(out.tokens_BxN), np.asarray(out.logprobs_BxN)
   full_ids = np.concatenate([ids, tokens], axis=1)
   full_mask = np.concatenate([mask, np.ones_like(tokens)], axis=1)
   logits = np.asarray(model(full_ids, full_mask), np.float64) / temperature
@@ -171,7 +176,7 @@ def test_sampled_logprobs_match_a_full_forward(pair, temperature, top_k, top_p):
   # The token at position TOTAL + i is predicted by the logits at TOTAL + i - 1.
   ref = np.take_along_axis(logp[:, TOTAL - 1 : -1], tokens[..., None], axis=-1)[..., 0]
   assert np.max(np.abs(logprobs - ref)) <= 1e-4
-  assert np.all(out.lengths == n)
+  assert np.all(out.lengths_B == n)
 
 
 @pytest.mark.parametrize(
@@ -217,7 +222,13 @@ def test_new_prompt_lengths_in_a_bucket_do_not_recompile(pair):
   before = sampling._generate_jit._cache_size()
   for lengths, total in [([5, 2], 5), ([9, 4], 9), ([12, 1], 12)]:
     ids, mask = left_padded(lengths, total)
-    sampling.generate(model, ids, mask, key=jax.random.key(0), max_new_tokens=4, temperature=0.5)
+    sampling.generate(
+        model,
+        ids,
+        mask,
+        key=jax.random.key(0),
+        options=sampling.SamplingOptions(max_new_tokens=4, temperature=0.5),
+    )
   assert sampling._generate_jit._cache_size() - before == 1  # all three share bucket 16
   assert [sampling.bucket(n) for n in (1, 16, 17, 129, 256, 257, 600)] == [
       16,
@@ -237,12 +248,20 @@ def test_extend_then_compact_keeps_the_conversation(pair):
   graphdef, params = nnx.split(model)
   ids, mask = left_padded()
   cache = models.init_cache(model.config, len(LENGTHS), 64)
-  opts = sampling.sampling_options(
+  opts = sampling.SamplingOptions(
       max_new_tokens=6, temperature=1.0, pad_id=0, stop_token_ids=tuple(range(0, VOCAB, 4))
   )
   with pytest.raises(ValueError, match="slots needed"):  # 7 + 6 slots > a window of 12
     sampling.extend(
-        graphdef, params, cache, ids, mask, jnp.ones(4, bool), jax.random.key(5), window=12, **opts
+        graphdef,
+        params,
+        cache,
+        ids,
+        mask,
+        jnp.ones(4, bool),
+        jax.random.key(5),
+        window=12,
+        options=opts,
     )
   out, cache = sampling.extend(
       graphdef,
@@ -252,10 +271,10 @@ def test_extend_then_compact_keeps_the_conversation(pair):
       mask,
       jnp.array([True, True, False, True]),
       jax.random.key(5),
-      **opts,
+      options=opts,
   )
   cache = sampling.compact(cache, jnp.array([True, True, True, False]))
-  tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+  tokens, lengths = np.asarray(out.tokens_BxN), np.asarray(out.lengths_B)
   assert lengths[2] == 0 and np.all(np.asarray(cache.mask_BxS)[3] == 0)
   # Row history = prompt + sampled tokens except the last (not yet written to the cache).
   history = [
@@ -275,8 +294,8 @@ def test_extend_then_compact_keeps_the_conversation(pair):
 
 def test_bad_options_raise():
   with pytest.raises(ValueError, match="top_p"):
-    sampling.sampling_options(max_new_tokens=4, top_p=0.0)
+    sampling.SamplingOptions(max_new_tokens=4, top_p=0.0)
   with pytest.raises(ValueError, match="max_new_tokens"):
-    sampling.sampling_options(max_new_tokens=0)
+    sampling.SamplingOptions(max_new_tokens=0)
   with pytest.raises(ValueError, match="stop sequence"):
-    sampling.sampling_options(max_new_tokens=4, stop_sequences=((),))
+    sampling.SamplingOptions(max_new_tokens=4, stop_sequences=((),))

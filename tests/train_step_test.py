@@ -54,6 +54,11 @@ def make_batch(seed=0, scores=(1.0, 0.0, 1.0, 0.0, 2.0, 0.5, 3.0, 2.0)):
   )
 
 
+def clips(cfg):
+  """`policy_loss`'s clip range from a PPOConfig."""
+  return dict(clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_c=cfg.clip_c)
+
+
 def ref_gae_raw(r, v, m):
   """γ = λ = 1 GAE with observation skipping (rl_math §2.1), raw advantages."""
   adv = np.zeros_like(r)
@@ -131,7 +136,9 @@ def test_jitted_step_gradient_equals_plain_loss_gradient(response_width):
     logp, ent = full_logp_entropy(model, tokens, attn)
     total = 0.0
     for h in halves:
-      pg, _ = algos.policy_loss(logp[h], old_logp[h], jnp.asarray(adv[h], jnp.float32), m[h])
+      pg, _ = algos.policy_loss(
+          logp[h], old_logp[h], jnp.asarray(adv[h], jnp.float32), m[h], **clips(cfg)
+      )
       kl = algos.kl_penalty(logp[h], ref_logp[h], "k3")
       total += pg - 0.01 * algos.agg_loss(ent[h], m[h]) + 0.1 * algos.agg_loss(kl, m[h])
     return total / 2
@@ -211,7 +218,7 @@ def test_sampler_logprobs_value_clip_and_grad_clip_equal_a_plain_reference():
 
   def actor_loss(p, h):
     logp, _ = full_logp_entropy(nnx.merge(a_graph, p, a_rest), tokens, attn)
-    return algos.policy_loss(logp[h], sampler[h], adv[h], m[h])[0]
+    return algos.policy_loss(logp[h], sampler[h], adv[h], m[h], **clips(cfg))[0]
 
   def critic_loss(p, h):
     v = nnx.merge(c_graph, p, c_rest)(tokens, attn)
@@ -492,7 +499,7 @@ def test_shared_value_head_trains_trunk_and_head():
     def loss(params, head, old_values, returns, old_logp, adv, vf_coef):
       model, v = forward(params, head)
       logp, _ = full_logp_entropy(model, tokens, attn)
-      pg, _ = algos.policy_loss(logp, old_logp, adv, m)
+      pg, _ = algos.policy_loss(logp, old_logp, adv, m, **clips(cfg))
       vf, _ = algos.value_loss(v, old_values, returns, m, 0.5)
       return pg + vf_coef * vf
 

@@ -79,8 +79,12 @@ def bench_decode(model, hf, batch, prompt, new, iters):
   def ours(n):
     return lambda: jax.block_until_ready(
         sampling.generate(
-            model, ids_BxT, mask_BxT, key=key, max_new_tokens=n, temperature=0.0
-        ).tokens
+            model,
+            ids_BxT,
+            mask_BxT,
+            key=key,
+            options=sampling.SamplingOptions(max_new_tokens=n, temperature=0.0),
+        ).tokens_BxN
     )
 
   def theirs(n):
@@ -151,12 +155,12 @@ def decode_step_ms(model, batch, prompt, new=80, iters=3):
   ids_BxT = rng.integers(10, model.config.vocab_size, size=(batch, prompt)).astype(np.int32)
   graphdef, params = nnx.split(model)
   capacity = sampling.generate_capacity(prompt, new)
-  opts = lambda n: sampling.sampling_options(max_new_tokens=n, temperature=0.0)
+  opts = lambda n: sampling.SamplingOptions(max_new_tokens=n, temperature=0.0)
   active_B = jnp.ones((batch,), bool)
   key = jax.random.key(0)
   cache = models.init_cache(model.config, batch, capacity)
   out, cache = sampling.extend(
-      graphdef, params, cache, ids_BxT, np.ones_like(ids_BxT), active_B, key, **opts(1)
+      graphdef, params, cache, ids_BxT, np.ones_like(ids_BxT), active_B, key, options=opts(1)
   )
   last_Bx1 = np.asarray(out.tokens_BxN)[:, :1]
 
@@ -165,7 +169,14 @@ def decode_step_ms(model, batch, prompt, new=80, iters=3):
     start = time.perf_counter()
     jax.block_until_ready(
         sampling.extend(
-            graphdef, params, fresh, last_Bx1, np.ones_like(last_Bx1), active_B, key, **opts(n - 1)
+            graphdef,
+            params,
+            fresh,
+            last_Bx1,
+            np.ones_like(last_Bx1),
+            active_B,
+            key,
+            options=opts(n - 1),
         )
     )
     return time.perf_counter() - start

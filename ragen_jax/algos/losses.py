@@ -52,13 +52,17 @@ def policy_loss(
     old_logp_BxT,
     advantages_BxT,
     mask_BxT,
-    clip_low=0.2,
-    clip_high=0.28,
-    clip_c=3.0,
+    *,
+    clip_low,
+    clip_high,
+    clip_c,
     agg_mode="token-mean",
     loss_scale_factor=None,
 ):
   """Dual-clip PPO policy loss with decoupled clip range (veRL compute_policy_loss_vanilla).
+
+  The clip range comes from the caller (`PPOConfig.clip_low`, `clip_high`, `clip_c`: their
+  defaults live there only).
 
     ℓ = clamp(logp − old_logp, −20, 20), ρ = e^ℓ
     L1 = −A·ρ,  L2 = −A·clip(ρ, 1 − clip_low, 1 + clip_high),  Lc = max(L1, L2)

@@ -155,11 +155,11 @@ def actor_terms(cfg: PPOConfig, logp_BxT, entropy_BxT, mb: UpdateData):
       mb.old_logp_BxT,
       mb.adv_BxT,
       mask_BxT,
-      cfg.clip_low,
-      cfg.clip_high,
-      cfg.clip_c,
-      cfg.agg_mode,
-      cfg.loss_scale_factor,
+      clip_low=cfg.clip_low,
+      clip_high=cfg.clip_high,
+      clip_c=cfg.clip_c,
+      agg_mode=cfg.agg_mode,
+      loss_scale_factor=cfg.loss_scale_factor,
   )
   loss, metrics = pg, {f"actor/{k}": v for k, v in pg_metrics.items()}
   if cfg.entropy_coeff > 0:

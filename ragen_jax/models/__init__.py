@@ -10,13 +10,17 @@ Dimension legend: B batch, T length, S cache capacity, L layers, D model dim,
 H query heads, K kv heads, Dh head dim, V vocab, F mlp dim.
 """
 
+from ragen_jax.models import hf_config
 from ragen_jax.models import lora
 from ragen_jax.models.checkpoint import load_hf
 from ragen_jax.models.checkpoint import save_hf
 from ragen_jax.models.config import get_config
+from ragen_jax.models.config import kernel_table
+from ragen_jax.models.config import layer_table
 from ragen_jax.models.config import LoraConfig
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.config import num_params
+from ragen_jax.models.config import param_table
 from ragen_jax.models.config import PRESETS
 from ragen_jax.models.config import RopeScaling
 from ragen_jax.models.kv_cache import init_cache
@@ -25,5 +29,6 @@ from ragen_jax.models.kv_cache import LayerCache
 from ragen_jax.models.qwen2 import create
 from ragen_jax.models.qwen2 import critic_from_policy
 from ragen_jax.models.qwen2 import Decoder
+from ragen_jax.models.qwen2 import LayerWeights
 from ragen_jax.models.qwen2 import Qwen2
 from ragen_jax.models.qwen2 import Qwen2Critic

@@ -29,7 +29,9 @@ from safetensors import safe_open
 import safetensors.numpy
 
 from ragen_jax import atomic_write
+from ragen_jax.models import hf_config
 from ragen_jax.models import lora
+from ragen_jax.models.config import layer_table
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.qwen2 import Qwen2
 from ragen_jax.models.qwen2 import Qwen2Critic
@@ -43,8 +45,9 @@ _SHARD_NAME = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
 
 
 def _layer_specs(c: ModelConfig):
-  """(our name, HF name suffix, HF shape, to-ours, to-HF) per layer tensor the config has."""
-  d, h, k, dh, f = (c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size)
+  """(our name, HF name suffix, HF shape, to-ours, to-HF) per layer tensor of `layer_table`, in
+  HF's order; the HF shape is that of to-HF of one layer's slice."""
+  d, h, k, dh = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
 
   def proj_in(n):  # HF [n*Dh, D] -> ours [D, n, Dh]
     return (lambda w: w.T.reshape(d, n, dh)), (lambda w: w.reshape(d, n * dh).T)
@@ -54,38 +57,34 @@ def _layer_specs(c: ModelConfig):
 
   ident = (lambda w: w), (lambda w: w)
   transpose = (lambda w: w.T), (lambda w: w.T)
-  attention = [
-      ("q_kernel", "self_attn.q_proj.weight", (h * dh, d), *proj_in(h)),
-      ("k_kernel", "self_attn.k_proj.weight", (k * dh, d), *proj_in(k)),
-      ("v_kernel", "self_attn.v_proj.weight", (k * dh, d), *proj_in(k)),
-  ]
-  if c.attention_bias:  # Qwen2
-    attention += [
-        ("q_bias", "self_attn.q_proj.bias", (h * dh,), *bias(h)),
-        ("k_bias", "self_attn.k_proj.bias", (k * dh,), *bias(k)),
-        ("v_bias", "self_attn.v_proj.bias", (k * dh,), *bias(k)),
-    ]
-  if c.qk_norm:  # Qwen3
-    attention += [
-        ("q_norm", "self_attn.q_norm.weight", (dh,), *ident),
-        ("k_norm", "self_attn.k_norm.weight", (dh,), *ident),
-    ]
-  return [
-      ("attn_norm", "input_layernorm.weight", (d,), *ident),
-      *attention,
-      # HF [D, H*Dh] -> ours [H, Dh, D]
-      (
-          "o_kernel",
-          "self_attn.o_proj.weight",
-          (d, h * dh),
-          lambda w: w.T.reshape(h, dh, d),
-          lambda w: w.reshape(h * dh, d).T,
-      ),
-      ("mlp_norm", "post_attention_layernorm.weight", (d,), *ident),
-      ("gate_kernel", "mlp.gate_proj.weight", (f, d), *transpose),
-      ("up_kernel", "mlp.up_proj.weight", (f, d), *transpose),
-      ("down_kernel", "mlp.down_proj.weight", (d, f), *transpose),
-  ]
+  # HF [D, H*Dh] -> ours [H, Dh, D]
+  proj_out = (lambda w: w.T.reshape(h, dh, d)), (lambda w: w.reshape(h * dh, d).T)
+  hf = {
+      "attn_norm": ("input_layernorm.weight", *ident),
+      "q_kernel": ("self_attn.q_proj.weight", *proj_in(h)),
+      "k_kernel": ("self_attn.k_proj.weight", *proj_in(k)),
+      "v_kernel": ("self_attn.v_proj.weight", *proj_in(k)),
+      "q_bias": ("self_attn.q_proj.bias", *bias(h)),  # Qwen2
+      "k_bias": ("self_attn.k_proj.bias", *bias(k)),
+      "v_bias": ("self_attn.v_proj.bias", *bias(k)),
+      "q_norm": ("self_attn.q_norm.weight", *ident),  # Qwen3
+      "k_norm": ("self_attn.k_norm.weight", *ident),
+      "o_kernel": ("self_attn.o_proj.weight", *proj_out),
+      "mlp_norm": ("post_attention_layernorm.weight", *ident),
+      "gate_kernel": ("mlp.gate_proj.weight", *transpose),
+      "up_kernel": ("mlp.up_proj.weight", *transpose),
+      "down_kernel": ("mlp.down_proj.weight", *transpose),
+  }
+  table = layer_table(c)
+  unmapped = sorted(set(table) - set(hf))
+  if unmapped:
+    raise NotImplementedError(f"no Hugging Face name for the layer parameters {unmapped}")
+  specs = []
+  for ours, (suffix, to_ours, to_hf) in hf.items():
+    if ours in table:
+      layer_shape = jax.ShapeDtypeStruct(table[ours][0][1:], jnp.float32)
+      specs.append((ours, suffix, jax.eval_shape(to_hf, layer_shape).shape, to_ours, to_hf))
+  return specs
 
 
 def weight_files(path: str) -> list[str]:
@@ -138,7 +137,7 @@ def read_json_file(path: str) -> dict:
 
 
 def read_config(path: str, **overrides) -> ModelConfig:
-  """The ModelConfig of a checkpoint directory's config.json (overrides as in from_hf_dict).
+  """The ModelConfig of a checkpoint directory's config.json (`hf_config.from_hf_dict`).
 
   Raises:
     FileNotFoundError: no config.json.
@@ -150,7 +149,7 @@ def read_config(path: str, **overrides) -> ModelConfig:
     raise FileNotFoundError(f"no config.json in {path}")
   values = read_json_file(config_path)
   try:
-    return ModelConfig.from_hf_dict(values, **overrides)
+    return hf_config.from_hf_dict(values, **overrides)
   except ValueError as e:
     raise ValueError(f"{config_path}: {e}") from None
 
@@ -353,7 +352,7 @@ def save_hf(model: Qwen2, out_dir: str, *, max_shard_bytes: int = 4 * 2**30) -> 
       if os.path.exists(tmp):
         os.remove(tmp)
   atomic_write.write_text(
-      os.path.join(out_dir, "config.json"), json.dumps(model.config.to_hf_dict(), indent=2)
+      os.path.join(out_dir, "config.json"), json.dumps(hf_config.to_hf_dict(model.config), indent=2)
   )
   for name in os.listdir(out_dir):
     is_weights = name in (WEIGHTS_NAME, INDEX_NAME) or _SHARD_NAME.fullmatch(name)

@@ -1,4 +1,5 @@
-"""Decoder configuration (Qwen2, Qwen3, Llama 3.x), presets and the Hugging Face config.json.
+"""Decoder configuration (Qwen2, Qwen3, Llama 3.x), presets and the parameter shapes it implies
+(`param_table`); the Hugging Face config.json is models/hf_config.py's.
 
 The three families share one decoder (pre-norm, grouped-query attention, RoPE, SwiGLU); they
 differ in q/k/v biases (Qwen2), per-head RMSNorm of q and k (Qwen3) and RoPE frequency scaling
@@ -12,25 +13,20 @@ Dimension legend used across `ragen_jax.models`:
 """
 
 import dataclasses
+import math
 from typing import Any
 
 import jax.numpy as jnp
 
+from ragen_jax.config_checks import check_fields
+from ragen_jax.config_checks import check_value
+from ragen_jax.config_checks import PositiveFloat
+from ragen_jax.config_checks import PositiveInt
 from ragen_jax.models.attention import IMPLEMENTATIONS
 
 # Vocabulary of the SentencePiece model shipped in ragen_jax/assets (the tiny
 # presets use it so that CPU training does not pay for a 151936-row softmax).
 SENTENCEPIECE_VOCAB_SIZE = 2048
-
-
-# config.json keys without which a decoder has no shape (the others have defaults).
-_HF_REQUIRED_KEYS = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,16 +120,13 @@ class LoraConfig:
     dropout: must be 0 (adapter dropout is not implemented).
   """
 
-  rank: int
-  alpha: float = 64.0
+  rank: PositiveInt
+  alpha: PositiveFloat = 64.0
   targets: tuple[str, ...] = LORA_TARGETS
   dropout: float = 0.0
 
   def __post_init__(self):
-    if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank <= 0:
-      raise ValueError(f"lora rank must be a positive int, got {self.rank!r}")
-    if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or self.alpha <= 0:
-      raise ValueError(f"lora alpha must be a positive number, got {self.alpha!r}")
+    check_fields(self, "lora")
     object.__setattr__(self, "alpha", float(self.alpha))
     targets = (self.targets,) if isinstance(self.targets, str) else tuple(self.targets)
     unknown = [t for t in targets if t not in LORA_TARGETS]
@@ -180,17 +173,17 @@ class ModelConfig:
       Not part of the Hugging Face config (export merges them, `lora.merge`).
   """
 
-  vocab_size: int
-  hidden_size: int
-  intermediate_size: int
-  num_layers: int
-  num_heads: int
-  num_kv_heads: int
-  head_dim: int | None = None
-  rope_theta: float = 1e6
-  rms_norm_eps: float = 1e-6
+  vocab_size: PositiveInt
+  hidden_size: PositiveInt
+  intermediate_size: PositiveInt
+  num_layers: PositiveInt
+  num_heads: PositiveInt
+  num_kv_heads: PositiveInt
+  head_dim: PositiveInt | None = None  # checked once derived
+  rope_theta: PositiveFloat = 1e6
+  rms_norm_eps: PositiveFloat = 1e-6
   tie_word_embeddings: bool = True
-  max_position_embeddings: int = 32768
+  max_position_embeddings: PositiveInt = 32768
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   remat: bool = False
@@ -215,36 +208,23 @@ class ModelConfig:
       object.__setattr__(self, "lora", LoraConfig(**self.lora))
     if self.lora is not None and not isinstance(self.lora, LoraConfig):
       raise ValueError(f"lora must be a LoraConfig, its dict or None, got {self.lora!r}")
+    check_fields(self, "")
     if self.head_dim is None:
-      if self.num_heads <= 0 or self.hidden_size % self.num_heads:
+      if self.hidden_size % self.num_heads:
         raise ValueError(
             f"hidden_size {self.hidden_size} is not divisible by num_heads "
             f"{self.num_heads}; pass head_dim explicitly"
         )
       object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+    check_value("head_dim", self.head_dim, PositiveInt)
     object.__setattr__(self, "dtype", jnp.dtype(self.dtype))
     object.__setattr__(self, "param_dtype", jnp.dtype(self.param_dtype))
-    for name in (
-        "vocab_size",
-        "hidden_size",
-        "intermediate_size",
-        "num_layers",
-        "num_heads",
-        "num_kv_heads",
-        "head_dim",
-        "max_position_embeddings",
-    ):
-      value = getattr(self, name)
-      if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
     if self.num_heads % self.num_kv_heads:
       raise ValueError(
           f"num_heads {self.num_heads} is not divisible by num_kv_heads " f"{self.num_kv_heads}"
       )
     if self.head_dim % 2:
       raise ValueError(f"head_dim {self.head_dim} must be even for RoPE")
-    if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
-      raise ValueError("rope_theta and rms_norm_eps must be positive")
     if self.attention not in IMPLEMENTATIONS:
       raise ValueError(f"attention must be one of {IMPLEMENTATIONS}, got {self.attention!r}")
     for name in ("dtype", "param_dtype"):
@@ -275,123 +255,16 @@ class ModelConfig:
 
   @classmethod
   def from_hf_dict(cls, d: dict[str, Any], **overrides) -> "ModelConfig":
-    """Builds a config from a Hugging Face Qwen2, Qwen3 or Llama `config.json` dict.
+    """`hf_config.from_hf_dict`: the config of a Hugging Face config.json dict."""
+    from ragen_jax.models import hf_config  # pylint: disable=g-import-not-at-top
 
-    Accepts both the transformers v4 layout (`rope_theta` and `rope_scaling` at the top
-    level) and the v5 layout (`rope_parameters`). Absent keys take the defaults of the
-    model_type's transformers config class.
-
-    Args:
-      d: the parsed config.json.
-      **overrides: fields to set on top (e.g. dtype, param_dtype).
-
-    Returns:
-      The ModelConfig.
-
-    Raises:
-      ValueError: a required key is missing, or a model type or feature this implementation
-        lacks (the message names it and what is supported).
-    """
-    missing = [k for k in _HF_REQUIRED_KEYS if k not in d]
-    if missing:
-      raise ValueError(f"missing required key(s) {', '.join(map(repr, missing))}")
-    model_type = d.get("model_type", "qwen2")
-    if model_type not in FAMILIES:
-      raise ValueError(
-          f"model_type {model_type!r} is not supported (supported: {', '.join(FAMILIES)})"
-      )
-    family = FAMILIES[model_type]
-    if d.get("use_sliding_window", False):
-      raise ValueError("use_sliding_window=true is not supported")
-    if d.get("hidden_act", "silu") != "silu":
-      raise ValueError(f"hidden_act {d['hidden_act']!r} is not supported (only 'silu')")
-    # Qwen2's config has no such keys (its q/k/v biases are fixed); Llama's and Qwen3's
-    # attention_bias also puts a bias on o_proj, and mlp_bias on the MLP: neither exists here.
-    for key in ("attention_bias", "mlp_bias"):
-      if model_type != "qwen2" and d.get(key, False):
-        raise ValueError(f"{key}=true is not supported for model_type {model_type!r}")
-    if d.get("pretraining_tp", 1) not in (1, None):
-      raise ValueError(f"pretraining_tp {d['pretraining_tp']!r} is not supported (only 1)")
-    # transformers v5 lets a legacy rope_scaling win over rope_parameters; v4 knows only it.
-    rope = d.get("rope_scaling") or d.get("rope_parameters") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in ROPE_TYPES:
-      raise ValueError(
-          f"rope_type {rope_type!r} is not supported (supported: {', '.join(ROPE_TYPES)})"
-      )
-    if rope.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0)) != 1.0:
-      raise ValueError("partial_rotary_factor other than 1 is not supported")
-    rope_theta = rope.get("rope_theta", d.get("rope_theta", 10000.0))
-    max_positions = d.get("max_position_embeddings", family.max_position_embeddings)
-    rope_scaling = None
-    if rope_type == "llama3":
-      absent = [k for k in ("factor", "low_freq_factor", "high_freq_factor") if k not in rope]
-      if absent:
-        raise ValueError(f"rope_type 'llama3' lacks {', '.join(map(repr, absent))}")
-      rope_scaling = RopeScaling(
-          factor=rope["factor"],
-          low_freq_factor=rope["low_freq_factor"],
-          high_freq_factor=rope["high_freq_factor"],
-          # transformers falls back to max_position_embeddings.
-          original_max_position_embeddings=rope.get(
-              "original_max_position_embeddings", max_positions
-          ),
-      )
-    fields = dict(
-        vocab_size=d["vocab_size"],
-        hidden_size=d["hidden_size"],
-        intermediate_size=d["intermediate_size"],
-        num_layers=d["num_hidden_layers"],
-        num_heads=d["num_attention_heads"],
-        num_kv_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
-        head_dim=d.get("head_dim") or family.head_dim,
-        rope_theta=float(rope_theta),
-        rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-        # The transformers classes' own default when the key is missing.
-        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-        max_position_embeddings=max_positions,
-        model_type=model_type,
-        rope_scaling=rope_scaling,
-    )
-    fields.update(overrides)
-    return cls(**fields)
+    return hf_config.from_hf_dict(d, **overrides)
 
   def to_hf_dict(self) -> dict[str, Any]:
-    """Returns a config.json dict that transformers (v4 and v5) loads as this model_type's
-    causal LM class (Qwen2ForCausalLM, Qwen3ForCausalLM or LlamaForCausalLM)."""
-    scaling = None if self.rope_scaling is None else self.rope_scaling.to_hf_dict()
-    d = {
-        "architectures": [FAMILIES[self.model_type].architecture],
-        "model_type": self.model_type,
-        "vocab_size": self.vocab_size,
-        "hidden_size": self.hidden_size,
-        "intermediate_size": self.intermediate_size,
-        "num_hidden_layers": self.num_layers,
-        "num_attention_heads": self.num_heads,
-        "num_key_value_heads": self.num_kv_heads,
-        "head_dim": self.head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": self.rms_norm_eps,
-        # Both spellings: v4 reads rope_theta and rope_scaling, v5 reads rope_parameters.
-        "rope_theta": self.rope_theta,
-        "rope_scaling": scaling,
-        "rope_parameters": {
-            **(scaling or {"rope_type": "default"}),
-            "rope_theta": self.rope_theta,
-        },
-        "tie_word_embeddings": self.tie_word_embeddings,
-        "max_position_embeddings": self.max_position_embeddings,
-        "attention_dropout": 0.0,
-        "torch_dtype": self.param_dtype.name,
-        "dtype": self.param_dtype.name,
-    }
-    if self.model_type in ("qwen2", "qwen3"):
-      d["use_sliding_window"] = False
-    if self.model_type in ("qwen3", "llama"):
-      d["attention_bias"] = False
-    if self.model_type == "llama":
-      d["mlp_bias"] = False
-    return d
+    """`hf_config.to_hf_dict`: the config.json dict of this config."""
+    from ragen_jax.models import hf_config  # pylint: disable=g-import-not-at-top
+
+    return hf_config.to_hf_dict(self)
 
 
 def _qwen25(hidden, inter, layers, heads, kv_heads, tied, vocab=151936):
@@ -512,20 +385,60 @@ def get_config(name: str, **overrides) -> ModelConfig:
   return PRESETS[key].replace(**overrides) if overrides else PRESETS[key]
 
 
+# {name: (shape, logical axes)} of parameters; per-layer ones carry a leading L ("layers") axis.
+ParamTable = dict[str, tuple[tuple[int, ...], tuple[str, ...]]]
+
+
+def kernel_table(c: ModelConfig) -> ParamTable:
+  """The stacked linear kernels, the part of `layer_table` that LoRA adapters can target."""
+  l, d, h, k, dh, f = (
+      c.num_layers,
+      c.hidden_size,
+      c.num_heads,
+      c.num_kv_heads,
+      c.head_dim,
+      c.intermediate_size,
+  )
+  return {
+      "q_kernel": ((l, d, h, dh), ("layers", "embed", "heads", "head_dim")),
+      "k_kernel": ((l, d, k, dh), ("layers", "embed", "kv_heads", "head_dim")),
+      "v_kernel": ((l, d, k, dh), ("layers", "embed", "kv_heads", "head_dim")),
+      "o_kernel": ((l, h, dh, d), ("layers", "heads", "head_dim", "embed")),
+      "gate_kernel": ((l, d, f), ("layers", "embed", "mlp")),
+      "up_kernel": ((l, d, f), ("layers", "embed", "mlp")),
+      "down_kernel": ((l, f, d), ("layers", "mlp", "embed")),
+  }
+
+
+def layer_table(c: ModelConfig) -> ParamTable:
+  """Every stacked decoder-layer parameter the config has: the kernels, Qwen2's q/k/v biases,
+  Qwen3's q/k norm scales (one [Dh] per layer, shared by the heads) and the two norm scales."""
+  l, d, h, k, dh = c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
+  table = kernel_table(c)
+  if c.attention_bias:
+    table["q_bias"] = ((l, h, dh), ("layers", "heads", "head_dim"))
+    table["k_bias"] = ((l, k, dh), ("layers", "kv_heads", "head_dim"))
+    table["v_bias"] = ((l, k, dh), ("layers", "kv_heads", "head_dim"))
+  if c.qk_norm:
+    table["q_norm"] = ((l, dh), ("layers", "head_dim"))
+    table["k_norm"] = ((l, dh), ("layers", "head_dim"))
+  table["attn_norm"] = ((l, d), ("layers", "embed"))
+  table["mlp_norm"] = ((l, d), ("layers", "embed"))
+  return table
+
+
+def param_table(c: ModelConfig) -> ParamTable:
+  """Every parameter of the causal LM, the one table that the model's modules, the checkpoint
+  I/O, `num_params` and the memory estimate read: the embedding, `layer_table`, the final norm
+  and, when not tied to the embedding, the LM head."""
+  d, v = c.hidden_size, c.vocab_size
+  table = {"embedding": ((v, d), ("vocab", "embed")), **layer_table(c)}
+  table["final_norm"] = ((d,), ("embed",))
+  if not c.tie_word_embeddings:
+    table["lm_head"] = ((d, v), ("embed", "vocab"))
+  return table
+
+
 def num_params(config: ModelConfig) -> int:
   """Parameter count of the causal LM (embedding counted once when tied)."""
-  d, f, h, k, dh = (
-      config.hidden_size,
-      config.intermediate_size,
-      config.num_heads,
-      config.num_kv_heads,
-      config.head_dim,
-  )
-  attn = d * h * dh + 2 * d * k * dh + h * dh * d
-  if config.attention_bias:
-    attn += h * dh + 2 * k * dh
-  if config.qk_norm:
-    attn += 2 * dh
-  layer = attn + 3 * d * f + 2 * d
-  embed = config.vocab_size * d * (1 if config.tie_word_embeddings else 2)
-  return config.num_layers * layer + embed + d
+  return sum(math.prod(shape) for shape, _ in param_table(config).values())

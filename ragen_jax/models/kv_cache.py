@@ -1,10 +1,10 @@
 """The decoder's KV caches: one stacked [L, B, K, S, Dh] buffer per tensor (`KVCache`), or one
-array per layer beside that layer's weights (`LayerCache`, what a sampler call carries).
+array per layer (`LayerCache`, what a sampler call carries into `Decoder.decode`).
 
 Dimension legend: B batch, S cache capacity (slots), L layers, K kv heads, Dh head dim.
 """
 
-from typing import Dict, Tuple
+from typing import Tuple
 
 from flax import struct
 import jax
@@ -36,34 +36,30 @@ class KVCache:
   def capacity(self) -> int:
     return self.mask_BxS.shape[1]
 
-  def per_layer(self, window: int, weights: Tuple[Dict[str, jax.Array], ...]) -> "LayerCache":
-    """The first `window` slots as one array per layer (the rest must stay empty meanwhile),
-    beside `weights`, the decoder's `layer_weights()`."""
+  def per_layer(self, window: int) -> "LayerCache":
+    """The first `window` slots as one array per layer (the rest must stay empty meanwhile)."""
     split = lambda a: tuple(a[layer, :, :, :window] for layer in range(a.shape[0]))
     return LayerCache(
         split(self.k_LxBxKxSxDh),
         split(self.v_LxBxKxSxDh),
         self.mask_BxS[:, :window],
         self.end_index,
-        weights,
     )
 
 
 @struct.dataclass
 class LayerCache:
-  """A KVCache (or its first slots) held as one [B, K, S, Dh] array per layer, with each
-  layer's weights.
+  """A KVCache (or its first slots) held as one [B, K, S, Dh] array per layer.
 
-  What a decode loop carries: each step updates a layer's buffer in place and reads it whole,
-  where slicing a layer out of one stacked buffer would copy it every step, and the attention
-  costs the window, not the whole capacity. The weights likewise (`Decoder.layer_weights`).
+  What a decode loop carries (beside the layers' weights, `Decoder.layer_weights`): each step
+  updates a layer's buffer in place and reads it whole, where slicing a layer out of one stacked
+  buffer would copy it every step, and the attention costs the window, not the whole capacity.
   """
 
   k_layers: Tuple[jax.Array, ...]  # L arrays of [B, K, S, Dh]
   v_layers: Tuple[jax.Array, ...]
   mask_BxS: jax.Array
   end_index: jax.Array
-  weights: Tuple[Dict[str, jax.Array], ...]  # L dicts of one layer's parameters
 
   @property
   def capacity(self) -> int:

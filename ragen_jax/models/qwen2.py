@@ -31,9 +31,15 @@ from ragen_jax.models import attention
 from ragen_jax.models import layers as ops
 from ragen_jax.models import lora
 from ragen_jax.models.config import get_config
+from ragen_jax.models.config import kernel_table
+from ragen_jax.models.config import layer_table
 from ragen_jax.models.config import ModelConfig
+from ragen_jax.models.config import param_table
 from ragen_jax.models.kv_cache import KVCache
 from ragen_jax.models.kv_cache import LayerCache
+
+# Each layer's parameters as arrays of their own, in the compute dtype (`Decoder.layer_weights`).
+LayerWeights = Tuple[Dict[str, jax.Array], ...]
 
 _INIT_STD = 0.02  # transformers' initializer_range for Qwen2.
 # The cache-free pass (training) of a model this shallow runs its layers as straight-line code:
@@ -60,34 +66,11 @@ def _normal(rngs: nnx.Rngs, shapes: list[tuple[int, ...]]) -> list[jax.Array]:
   return [flat[o : o + n].reshape(shape) for o, n, shape in zip(offsets, sizes, shapes)]
 
 
-def kernel_table(c: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
-  """The stacked linear kernels: {name: (shape, logical axes)}, the one table that the layers,
-  the LoRA adapters and the memory estimate read."""
-  l, d, h, k, dh, f = (
-      c.num_layers,
-      c.hidden_size,
-      c.num_heads,
-      c.num_kv_heads,
-      c.head_dim,
-      c.intermediate_size,
-  )
-  return {
-      "q_kernel": ((l, d, h, dh), ("layers", "embed", "heads", "head_dim")),
-      "k_kernel": ((l, d, k, dh), ("layers", "embed", "kv_heads", "head_dim")),
-      "v_kernel": ((l, d, k, dh), ("layers", "embed", "kv_heads", "head_dim")),
-      "o_kernel": ((l, h, dh, d), ("layers", "heads", "head_dim", "embed")),
-      "gate_kernel": ((l, d, f), ("layers", "embed", "mlp")),
-      "up_kernel": ((l, d, f), ("layers", "embed", "mlp")),
-      "down_kernel": ((l, f, d), ("layers", "mlp", "embed")),
-  }
-
-
 class DecoderLayers(nnx.Module):
   """All L decoder layers, parameters stacked on a leading layer axis."""
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     c, pd = config, config.param_dtype
-    l, d, h, k, dh = c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
     kernels = kernel_table(c)
     values = _normal(rngs, [shape for shape, _ in kernels.values()])
     for (name, (_, axes)), value in zip(kernels.items(), values):
@@ -96,16 +79,12 @@ class DecoderLayers(nnx.Module):
       kernel_vars = {name: getattr(self, name) for name in kernels}
       for name, adapter in lora.init_adapters(kernel_vars, c.lora, rngs.params()).items():
         setattr(self, name, adapter)
-    # transformers initialises biases to 0 and norm scales to 1.
-    if c.attention_bias:  # Qwen2
-      self.q_bias = _param(jnp.zeros((l, h, dh)), ("layers", "heads", "head_dim"), pd)
-      self.k_bias = _param(jnp.zeros((l, k, dh)), ("layers", "kv_heads", "head_dim"), pd)
-      self.v_bias = _param(jnp.zeros((l, k, dh)), ("layers", "kv_heads", "head_dim"), pd)
-    if c.qk_norm:  # Qwen3: one [Dh] scale per layer, shared by all heads
-      self.q_norm = _param(jnp.ones((l, dh)), ("layers", "head_dim"), pd)
-      self.k_norm = _param(jnp.ones((l, dh)), ("layers", "head_dim"), pd)
-    self.attn_norm = _param(jnp.ones((l, d)), ("layers", "embed"), pd)
-    self.mlp_norm = _param(jnp.ones((l, d)), ("layers", "embed"), pd)
+    # The rest of the table (biases, norm scales): transformers initialises biases to 0 and
+    # norm scales to 1.
+    for name, (shape, axes) in layer_table(c).items():
+      if name not in kernels:
+        fill = jnp.zeros if name.endswith("_bias") else jnp.ones
+        setattr(self, name, _param(fill(shape), axes, pd))
 
   def stacked(self) -> dict[str, jax.Array]:
     """The raw stacked arrays, keyed by parameter name."""
@@ -183,6 +162,39 @@ def _cached_attend(c: ModelConfig, k_cache_BxKxSxDh, v_cache_BxKxSxDh, end, mask
   return attend
 
 
+def _real(input_ids_BxT, attention_mask_BxT):
+  """The bool mask of real tokens (all real when no mask is given)."""
+  if attention_mask_BxT is None:
+    return jnp.ones(input_ids_BxT.shape, bool)
+  return attention_mask_BxT.astype(bool)
+
+
+def _positions(mask_BxT, seen_Bx1):
+  """RoPE positions of left-padded tokens after `seen_Bx1` real cache slots.
+
+  A real token's position counts only the real tokens before it, so padded and unpadded
+  sequences get identical logits.
+  """
+  return jnp.maximum(jnp.cumsum(mask_BxT, axis=1, dtype=jnp.int32) - 1 + seen_Bx1, 0)
+
+
+def _cache_write(cache: KVCache | LayerCache, mask_BxT):
+  """Where T new tokens go in a cache.
+
+  Returns:
+    (end: the slot of the first, key_mask_BxS: the cache's real slots with them,
+    mask_BxTxS: what each attends to, seen_Bx1: each row's real slots before them).
+  """
+  b, t = mask_BxT.shape
+  if t > cache.capacity:
+    raise ValueError(f"{t} new tokens exceed the cache capacity {cache.capacity}")
+  end = cache.end_index
+  seen_Bx1 = jnp.sum(cache.mask_BxS, axis=1, dtype=jnp.int32, keepdims=True)
+  key_mask_BxS = jax.lax.dynamic_update_slice(cache.mask_BxS, mask_BxT, (0, end))
+  query_slot_BxT = jnp.broadcast_to(end + jnp.arange(t, dtype=jnp.int32), (b, t))
+  return end, key_mask_BxS, attention.cache_mask(key_mask_BxS, query_slot_BxT), seen_Bx1
+
+
 class Decoder(nnx.Module):
   """Embedding, decoder layers and final norm: ids -> final-normed hidden."""
 
@@ -190,13 +202,12 @@ class Decoder(nnx.Module):
     # A kernel this device or dtype cannot run is an error when the model is built.
     attention.resolve(config.attention, config.dtype, config.head_dim)
     self.config = config
-    self.embedding = _param(
-        _normal(rngs, [(config.vocab_size, config.hidden_size)])[0],
-        ("vocab", "embed"),
-        config.param_dtype,
-    )
+    table = param_table(config)
+    shape, axes = table["embedding"]
+    self.embedding = _param(_normal(rngs, [shape])[0], axes, config.param_dtype)
     self.layers = DecoderLayers(config, rngs=rngs)
-    self.final_norm = _param(jnp.ones((config.hidden_size,)), ("embed",), config.param_dtype)
+    shape, axes = table["final_norm"]
+    self.final_norm = _param(jnp.ones(shape), axes, config.param_dtype)
 
   def __call__(
       self,
@@ -204,82 +215,82 @@ class Decoder(nnx.Module):
       attention_mask_BxT=None,
       *,
       positions_BxT=None,
-      cache: KVCache | LayerCache | None = None,
+      cache: KVCache | None = None,
   ):
     """(hidden_BxTxD, the updated cache or None).
 
     Without a cache the T tokens attend causally to each other through `model.attention`'s
-    kernel; with one they are written at its end_index and attend over its slots. A KVCache
-    (and no cache, past UNROLLED_LAYERS layers) runs the layers under `lax.scan`; a LayerCache
-    (a sampler call's, for its prefill and decode loop) unrolls them, so each layer updates its
-    own buffer in place with the weights the cache carries.
+    kernel; with one they are written at its end_index and attend over its slots. The layers
+    run under `lax.scan` (unrolled for a cache-free pass of up to UNROLLED_LAYERS layers). A
+    sampler's prefill and decode steps use `decode` instead.
     """
     c = self.config
-    b, t = input_ids_BxT.shape
-    mask_BxT = (
-        jnp.ones((b, t), bool) if attention_mask_BxT is None else attention_mask_BxT.astype(bool)
-    )
-    # Left padding: a real token's position counts only the real tokens before
-    # it, so padded and unpadded sequences get identical logits.
-    new_positions_BxT = jnp.cumsum(mask_BxT, axis=1, dtype=jnp.int32) - 1
+    mask_BxT = _real(input_ids_BxT, attention_mask_BxT)
     end = key_mask_BxS = mask_BxTxS = None  # set when there is a cache
+    seen_Bx1 = 0
     if cache is not None:
-      if t > cache.capacity:
-        raise ValueError(f"{t} new tokens exceed the cache capacity {cache.capacity}")
-      end = cache.end_index
-      new_positions_BxT += jnp.sum(cache.mask_BxS, axis=1, dtype=jnp.int32, keepdims=True)
-      key_mask_BxS = jax.lax.dynamic_update_slice(cache.mask_BxS, mask_BxT, (0, end))
-      query_slot_BxT = jnp.broadcast_to(end + jnp.arange(t, dtype=jnp.int32), (b, t))
-      mask_BxTxS = attention.cache_mask(key_mask_BxS, query_slot_BxT)
+      end, key_mask_BxS, mask_BxTxS, seen_Bx1 = _cache_write(cache, mask_BxT)
     if positions_BxT is None:
-      positions_BxT = jnp.maximum(new_positions_BxT, 0)
+      positions_BxT = _positions(mask_BxT, seen_Bx1)
+    x_BxTxD = self._embed(input_ids_BxT)
+    implementation = attention.resolve(c.attention, c.dtype, c.head_dim)
 
-    # mode="clip": the default "fill" would turn an out-of-range id (e.g. a -1
-    # pad) into a NaN row, which masked attention still multiplies by zero.
-    x_BxTxD = jnp.take(self.embedding[...], input_ids_BxT, axis=0, mode="clip").astype(c.dtype)
-
-    if isinstance(cache, LayerCache):
-      k_layers, v_layers = list(cache.k_layers), list(cache.v_layers)
-      for layer in range(c.num_layers):
-        attend = _cached_attend(c, k_layers[layer], v_layers[layer], end, mask_BxTxS)
-        x_BxTxD, (k_layers[layer], v_layers[layer]) = _decoder_layer(
-            c, cache.weights[layer], x_BxTxD, positions_BxT, attend
+    def layer(x_BxTxD, xs):
+      params, k_cache_BxKxSxDh, v_cache_BxKxSxDh = xs
+      if cache is None:
+        attend = lambda q, k, v: (
+            attention.causal_self_attention(q, k, v, mask_BxT, implementation),
+            None,
         )
-      new_cache = cache.replace(
-          k_layers=tuple(k_layers),
-          v_layers=tuple(v_layers),
-          mask_BxS=key_mask_BxS,
-          end_index=end + t,
-      )
-    else:
-      implementation = attention.resolve(c.attention, c.dtype, c.head_dim)
-
-      def layer(x_BxTxD, xs):
-        params, k_cache_BxKxSxDh, v_cache_BxKxSxDh = xs
-        if cache is None:
-          attend = lambda q, k, v: (
-              attention.causal_self_attention(q, k, v, mask_BxT, implementation),
-              None,
-          )
-        else:
-          attend = _cached_attend(c, k_cache_BxKxSxDh, v_cache_BxKxSxDh, end, mask_BxTxS)
-        return _decoder_layer(c, params, x_BxTxD, positions_BxT, attend)
-
-      if c.remat:
-        layer = jax.checkpoint(layer, prevent_cse=False)
-      stacked = self.layers.stacked()
-      if cache is None and c.num_layers <= UNROLLED_LAYERS:
-        for i in range(c.num_layers):
-          x_BxTxD, _ = layer(x_BxTxD, (jax.tree.map(lambda a, i=i: a[i], stacked), None, None))
-        new_cache = None
       else:
-        caches = (None, None) if cache is None else (cache.k_LxBxKxSxDh, cache.v_LxBxKxSxDh)
-        x_BxTxD, new_kv = jax.lax.scan(layer, x_BxTxD, (stacked, *caches))
-        new_cache = None if cache is None else KVCache(*new_kv, key_mask_BxS, end + t)
+        attend = _cached_attend(c, k_cache_BxKxSxDh, v_cache_BxKxSxDh, end, mask_BxTxS)
+      return _decoder_layer(c, params, x_BxTxD, positions_BxT, attend)
+
+    if c.remat:
+      layer = jax.checkpoint(layer, prevent_cse=False)
+    stacked = self.layers.stacked()
+    if cache is None and c.num_layers <= UNROLLED_LAYERS:
+      for i in range(c.num_layers):
+        x_BxTxD, _ = layer(x_BxTxD, (jax.tree.map(lambda a, i=i: a[i], stacked), None, None))
+      new_cache = None
+    else:
+      caches = (None, None) if cache is None else (cache.k_LxBxKxSxDh, cache.v_LxBxKxSxDh)
+      x_BxTxD, new_kv = jax.lax.scan(layer, x_BxTxD, (stacked, *caches))
+      new_cache = None if cache is None else KVCache(*new_kv, key_mask_BxS, end + mask_BxT.shape[1])
     return ops.rms_norm(x_BxTxD, self.final_norm[...], c.rms_norm_eps), new_cache
 
-  def layer_weights(self) -> Tuple[Dict[str, jax.Array], ...]:
-    """Each layer's parameters as arrays of their own, in the compute dtype: a LayerCache's.
+  def decode(
+      self, input_ids_BxT, attention_mask_BxT, *, cache: LayerCache, weights: LayerWeights
+  ) -> Tuple[jax.Array, LayerCache]:
+    """(hidden_BxTxD, the updated cache): a sampler's prefill or decode step.
+
+    The T tokens are written at the cache's end_index and attend over its slots, as with a
+    KVCache in `__call__`, but the layers run unrolled over `weights` (`layer_weights()`, taken
+    once per sampler call) and the cache's one buffer per layer, so each layer updates its own
+    buffer in place.
+    """
+    c = self.config
+    mask_BxT = _real(input_ids_BxT, attention_mask_BxT)
+    end, key_mask_BxS, mask_BxTxS, seen_Bx1 = _cache_write(cache, mask_BxT)
+    positions_BxT = _positions(mask_BxT, seen_Bx1)
+    x_BxTxD = self._embed(input_ids_BxT)
+    k_layers, v_layers = list(cache.k_layers), list(cache.v_layers)
+    for layer in range(c.num_layers):
+      attend = _cached_attend(c, k_layers[layer], v_layers[layer], end, mask_BxTxS)
+      x_BxTxD, (k_layers[layer], v_layers[layer]) = _decoder_layer(
+          c, weights[layer], x_BxTxD, positions_BxT, attend
+      )
+    new_cache = LayerCache(tuple(k_layers), tuple(v_layers), key_mask_BxS, end + mask_BxT.shape[1])
+    return ops.rms_norm(x_BxTxD, self.final_norm[...], c.rms_norm_eps), new_cache
+
+  def _embed(self, input_ids_BxT):
+    # mode="clip": the default "fill" would turn an out-of-range id (e.g. a -1
+    # pad) into a NaN row, which masked attention still multiplies by zero.
+    embedding = self.embedding[...]
+    return jnp.take(embedding, input_ids_BxT, axis=0, mode="clip").astype(self.config.dtype)
+
+  def layer_weights(self) -> LayerWeights:
+    """Each layer's parameters as arrays of their own, in the compute dtype: what `decode` runs.
 
     A decode loop takes these once, before it starts. Sliced (and cast) out of the stack inside
     the loop, every weight was copied every step: XLA did not hoist the slices (hoisted, they
@@ -302,11 +313,8 @@ class Qwen2(nnx.Module):
     self.config = config
     self.decoder = Decoder(config, rngs=rngs)
     if not config.tie_word_embeddings:
-      self.lm_head = _param(
-          _normal(rngs, [(config.hidden_size, config.vocab_size)])[0],
-          ("embed", "vocab"),
-          config.param_dtype,
-      )
+      shape, axes = param_table(config)["lm_head"]
+      self.lm_head = _param(_normal(rngs, [shape])[0], axes, config.param_dtype)
 
   def unembed_kernel(self) -> jax.Array:
     """The [D, V] output projection (the embedding transposed when tied)."""
@@ -343,6 +351,15 @@ class Qwen2(nnx.Module):
     )
     logits_BxTxV = self.logits(hidden_BxTxD)
     return logits_BxTxV if cache is None else (logits_BxTxV, new_cache)
+
+  def decode(
+      self, input_ids_BxT, attention_mask, *, cache: LayerCache, weights: LayerWeights
+  ) -> Tuple[jax.Array, LayerCache]:
+    """(float32 logits_BxTxV, the updated cache): `Decoder.decode`, a sampler's step."""
+    hidden_BxTxD, new_cache = self.decoder.decode(
+        input_ids_BxT, attention_mask, cache=cache, weights=weights
+    )
+    return self.logits(hidden_BxTxD), new_cache
 
   def logits(self, hidden_BxTxD):
     """float32 logits_BxTxV of final-normed hidden states (`backbone`'s)."""

@@ -103,7 +103,7 @@ class Rollout:
         self.rows = distributed.row_range(sharder.named(("batch",)), self.batch_size)
     self.capacity = c.cache_slots
     answer_end = tokenizer.encode("</answer>")
-    self.options = sampling.sampling_options(
+    self.options = sampling.SamplingOptions(
         max_new_tokens=c.max_new_tokens,
         temperature=c.temperature,
         top_p=c.top_p,

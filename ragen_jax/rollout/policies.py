@@ -97,7 +97,9 @@ class Replies:
 class LLMPolicy:
   """Samples with `model`; owns the batch's KV cache, which grows turn by turn."""
 
-  def __init__(self, model: models.Qwen2, capacity: int, options: dict, rows: Rows):
+  def __init__(
+      self, model: models.Qwen2, capacity: int, options: sampling.SamplingOptions, rows: Rows
+  ):
     self.graphdef, self.params = nnx.split(model)
     self.capacity, self.options, self.rows = capacity, options, rows
     self.cache = models.init_cache(model.config, rows.total, capacity)
@@ -112,7 +114,7 @@ class LLMPolicy:
     if inputs.turn > 1:
       self.cache = sampling.compact(self.cache, jnp.asarray(active_B))
     elif not self.rows.split:  # a split batch's other rows are not on this host to compare
-      shared = split_shared_prefix(ids_BxC, mask_BxC, active_B, self.options["pad_id"])
+      shared = split_shared_prefix(ids_BxC, mask_BxC, active_B, self.options.pad_id)
       if shared is not None:
         prefix_1xP, prefix_mask_1xP, ids_BxC, mask_BxC = shared
         self.cache = sampling.prefill_shared(
@@ -125,7 +127,7 @@ class LLMPolicy:
         )
     # The context check guarantees the fit; extend() raises loudly otherwise.
     window = sampling.window_for(
-        int(self.cache.end_index) + ids_BxC.shape[1] + self.options["max_new_tokens"],
+        int(self.cache.end_index) + ids_BxC.shape[1] + self.options.max_new_tokens,
         self.capacity,
     )
     out, self.cache = sampling.extend(
@@ -137,7 +139,7 @@ class LLMPolicy:
         jnp.asarray(active_B),
         inputs.key,
         window=window,
-        **self.options,
+        options=self.options,
     )
     return Replies(*self.rows.to_local(out))
 

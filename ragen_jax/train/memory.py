@@ -42,36 +42,16 @@ def _sharded(shape_logical, sharder) -> float:
 
 
 def param_elements(c: models.ModelConfig, sharder) -> float:
-  """One device's share of the causal LM's parameter elements."""
-  l, d, h, k, dh, v = (
-      c.num_layers,
-      c.hidden_size,
-      c.num_heads,
-      c.num_kv_heads,
-      c.head_dim,
-      c.vocab_size,
-  )
-  per = lambda *dims: _sharded(dims, sharder)
-  kernels = models.qwen2.kernel_table(c).values()
-  total = (
-      sum(_sharded(tuple(zip(shape, axes)), sharder) for shape, axes in kernels)
-      + 2 * per((l, "layers"), (d, "embed"))
-      + per((v, "vocab"), (d, "embed")) * (1 if c.tie_word_embeddings else 2)
-      + per((d, "embed"))
-  )
-  if c.attention_bias:  # Qwen2's q/k/v biases
-    total += per((l, "layers"), (h, "heads"), (dh, "head_dim"))
-    total += 2 * per((l, "layers"), (k, "kv_heads"), (dh, "head_dim"))
-  if c.qk_norm:  # Qwen3's q/k norm scales
-    total += 2 * per((l, "layers"), (dh, "head_dim"))
-  return total
+  """One device's share of the causal LM's parameter elements (`models.param_table`)."""
+  table = models.param_table(c).values()
+  return sum(_sharded(tuple(zip(shape, axes)), sharder) for shape, axes in table)
 
 
 def lora_elements(c: models.ModelConfig, lora_config, sharder) -> float:
   """One device's share of the LoRA adapters' elements (0 without adapters)."""
   if lora_config is None:
     return 0.0
-  kernels, total = models.qwen2.kernel_table(c), 0.0
+  kernels, total = models.kernel_table(c), 0.0
   for target in lora_config.targets:
     shape, axes = kernels[lora.kernel_name(target)]
     for a_shape, a_axes in lora.adapter_shapes(target, shape, axes, lora_config.rank):
