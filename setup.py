@@ -49,6 +49,10 @@ DEV = [
     # ragen_jax.envs.bridges.reasoning_gym); at run time they are needed only by those adapters.
     "gymnasium==1.4.0",
     "reasoning-gym==0.1.25",
+    # The documentation site (docs/, `sphinx-build -W`; .ci/run builds it): Sphinx, MyST, Furo.
+    "sphinx==9.0.4",
+    "myst-parser==5.2.0",
+    "furo==2025.12.19",
 ]
 
 setuptools.setup(
