@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax import models
+from ragen_jax import moved
 
 
 class SampleOutput(NamedTuple):
@@ -437,3 +438,7 @@ def compact(cache: models.KVCache, keep_B: jax.Array) -> models.KVCache:
       mask_BxS=new_mask_BxS,
       end_index=m,
   )
+
+
+def __getattr__(name):  # names that moved: the error says where
+  return moved.attribute(__name__, name)

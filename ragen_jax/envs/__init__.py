@@ -22,6 +22,7 @@ are stepped on the host, one instance per episode. `envs.register(name, factory)
             and reasoning-gym
 """
 
+from ragen_jax import moved
 from ragen_jax.envs.device import base
 from ragen_jax.envs.device.bandit import Bandit, BanditState
 from ragen_jax.envs.device.base import Env
@@ -40,3 +41,7 @@ def from_gymnasium(*args, **kwargs):
   from ragen_jax.envs.bridges import gymnasium as bridge  # pylint: disable=import-outside-toplevel
 
   return bridge.from_gymnasium(*args, **kwargs)
+
+
+def __getattr__(name):  # names that moved: the error says where
+  return moved.attribute(__name__, name)

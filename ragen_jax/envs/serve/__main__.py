@@ -4,4 +4,5 @@ import sys
 
 from ragen_jax.envs.serve import server
 
-sys.exit(server.main())
+if __name__ == "__main__":  # imported, e.g. by the docs' API walk, it starts nothing
+  sys.exit(server.main())
