@@ -25,8 +25,8 @@ with a full forward pass). Greedy decoding (temperature 0) reports temperature-1
 A decode step is the model's own forward over one token per row (`Qwen2.decode`): the loop
 carries the cache one array per layer (`models.LayerCache`, made once per call) and each layer's
 weights beside it (`Decoder.layer_weights`, taken out of the stack once per call), so each step
-updates every layer's buffer in place and attends over a window of slots, not the whole capacity. Tests hold it to
-transformers' greedy output and to a full forward.
+updates every layer's buffer in place and attends over a window of slots, not the whole
+capacity. Tests hold it to transformers' greedy output and to a full forward.
 
 Dimension legend: B batch, T prompt (or appended chunk) length, N max new tokens, S cache
 capacity, V vocab, L layers, D model dim, H query heads, K kv heads, G = H // K, Dh head dim,
@@ -35,7 +35,7 @@ Q length of a stop sequence.
 
 import dataclasses
 import functools
-from typing import NamedTuple, Sequence
+from typing import Annotated, NamedTuple, Sequence
 
 from flax import nnx
 from flax import struct
@@ -45,6 +45,8 @@ import numpy as np
 
 from ragen_jax import models
 from ragen_jax import moved
+from ragen_jax.config_checks import check_fields, NonNegativeFloat, NonNegativeInt, PositiveInt
+from ragen_jax.config_checks import Range
 
 
 class SampleOutput(NamedTuple):
@@ -85,23 +87,16 @@ class SamplingOptions:
     pad_id: written after a row stops.
   """
 
-  max_new_tokens: int
-  temperature: float = 1.0
-  top_p: float = 1.0
-  top_k: int = 0
+  max_new_tokens: PositiveInt
+  temperature: NonNegativeFloat = 1.0
+  top_p: Annotated[float, Range(0, 1, open_low=True)] = 1.0
+  top_k: NonNegativeInt = 0
   stop_token_ids: tuple[int, ...] = ()
   stop_sequences: tuple[tuple[int, ...], ...] = ()
   pad_id: int = 0
 
   def __post_init__(self):
-    if self.max_new_tokens < 1:
-      raise ValueError(f"max_new_tokens must be positive, got {self.max_new_tokens}")
-    if self.temperature < 0:
-      raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-    if not 0.0 < self.top_p <= 1.0:
-      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-    if self.top_k < 0:
-      raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+    check_fields(self, "sampling")
     ids, seqs = _normalise_stops(self.stop_token_ids, self.stop_sequences)
     normalised = dict(
         max_new_tokens=int(self.max_new_tokens),

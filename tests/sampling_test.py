@@ -299,3 +299,16 @@ def test_bad_options_raise():
     sampling.SamplingOptions(max_new_tokens=0)
   with pytest.raises(ValueError, match="stop sequence"):
     sampling.SamplingOptions(max_new_tokens=4, stop_sequences=((),))
+  with pytest.raises(ValueError, match=r"sampling\.temperature must be a finite number >= 0"):
+    sampling.SamplingOptions(max_new_tokens=4, temperature=float("nan"))
+  with pytest.raises(ValueError, match=r"sampling\.top_k must be an integer >= 0"):
+    sampling.SamplingOptions(max_new_tokens=4, top_k=-1)
+
+
+def test_equal_options_are_one_static_argument():
+  """Normalised on construction: the same options written two ways hash equal (one program)."""
+  a = sampling.SamplingOptions(max_new_tokens=4, temperature=0, stop_token_ids=[7, 2])
+  b = sampling.SamplingOptions(
+      max_new_tokens=4, temperature=0.0, stop_token_ids=(2,), stop_sequences=((7,),)
+  )
+  assert a == b and hash(a) == hash(b) and a.stop_token_ids == (2, 7)

@@ -7,8 +7,9 @@ seed, single-threaded training): system prompts, per-turn user messages with
 Sokoban / FrozenLake grids and coordinates, Bandit prompts, and assistant
 answers in RAGEN's `<think>...</think><answer>...</answer>` format, all wrapped
 in the Qwen chat template (RAGEN prompt format, reference ragen.md §2.2). Grids
-are drawn from the environments' symbol tables rather than from
-`ragen_jax.envs`, so the model depends only on this file.
+are drawn from the symbol tables here (RAGEN's, including variants the
+environments do not render) rather than from rendered levels; the Bandit arm
+names are the environment's own.
 """
 
 import argparse
@@ -18,6 +19,7 @@ import random
 
 import sentencepiece
 
+from ragen_jax.envs.device import bandit
 from ragen_jax.models.config import SENTENCEPIECE_VOCAB_SIZE
 from ragen_jax.tokenizers import base
 from ragen_jax.tokenizers import spm
@@ -51,29 +53,8 @@ FROZENLAKE_LEGEND = {
 }
 SOKOBAN_ACTIONS = ("Up", "Down", "Left", "Right")
 FROZENLAKE_ACTIONS = ("Left", "Down", "Right", "Up")
-BANDIT_PAIRS = (
-    ("Teacher", "Trader"),
-    ("Nurse", "StartupFounder"),
-    ("Librarian", "Investor"),
-    ("Accountant", "StockBroker"),
-    ("Engineer", "RealEstateAgent"),
-    ("Pharmacist", "Musician"),
-    ("Clerk", "Freelancer"),
-    ("Technician", "Youtuber"),
-    ("Planner", "Artist"),
-    ("Postman", "Pilot"),
-    ("Banker", "VentureCapitalist"),
-    ("Gardener", "Cryptominer"),
-    ("Receptionist", "Explorer"),
-    ("Archivist", "Filmmaker"),
-    ("Bookkeeper", "Consultant"),
-    ("SocialWorker", "Photographer"),
-    ("Mechanic", "GameDesigner"),
-    ("Secretary", "Entrepreneur"),
-    ("Cashier", "DataScientist"),
-    ("CivilServant", "StartupAccelerator"),
-    ("Phoenix", "Dragon"),
-)
+# RAGEN's arm names (the environment's own), and one pair of its examples beyond them.
+BANDIT_PAIRS = bandit.ARM_NAMES["train"] + bandit.ARM_NAMES["test"] + (("Phoenix", "Dragon"),)
 
 SOKOBAN_TASK = (
     "You are solving the Sokoban puzzle. You are the player and you need to "
