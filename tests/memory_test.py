@@ -147,7 +147,7 @@ def test_bf16_variants_at_ragens_batch_on_one_h100(variant, n, kv_cache, activat
   model_config = models.get_config(preset)
   assert models.num_params(model_config) == n
   with open(tmp_path / "config.json", "w") as fp:
-    json.dump(model_config.to_hf_dict(), fp)
+    json.dump(models.hf_config.to_hf_dict(model_config), fp)
   config = cli.load_config_file(f"configs/sokoban_ppo.py:{variant}")
   with config.unlocked():
     config.model.checkpoint = str(tmp_path)
@@ -176,7 +176,7 @@ def test_accelerator_variants_fit_their_card(variant, config_file, tmp_path):
   card = variants.HARDWARE[hardware]
   model_config = models.get_config(preset)
   with open(tmp_path / "config.json", "w") as fp:  # a checkpoint directory's config only
-    json.dump(model_config.to_hf_dict(), fp)
+    json.dump(models.hf_config.to_hf_dict(model_config), fp)
   config = cli.load_config_file(f"configs/{config_file}.py:{variant}")
   with config.unlocked():
     config.model.checkpoint = str(tmp_path)
@@ -241,7 +241,7 @@ def test_lora_variants_fit_one_h100(variant, episodes, total_gib, tmp_path):
   preset = variant.split("-h100")[0]
   model_config = models.get_config(preset)
   with open(tmp_path / "config.json", "w") as fp:
-    json.dump(model_config.to_hf_dict(), fp)
+    json.dump(models.hf_config.to_hf_dict(model_config), fp)
   config = cli.load_config_file(f"configs/sokoban_ppo.py:{variant}")
   with config.unlocked():
     config.model.checkpoint = str(tmp_path)

@@ -193,7 +193,7 @@ def test_rope_inv_freq_matches_transformers(rope):
   )
   ref, attention_scale = ROPE_INIT_FUNCTIONS["llama3"](hf_config, "cpu")
   assert attention_scale == 1.0  # llama3 leaves cos / sin unscaled, as ours does
-  scaling = models.ModelConfig.from_hf_dict(hf_config.to_dict()).rope_scaling
+  scaling = models.hf_config.from_hf_dict(hf_config.to_dict()).rope_scaling
   ours = np.asarray(ops.rope_inv_freq(head_dim, rope["rope_theta"], scaling))
   np.testing.assert_allclose(ours, ref.numpy(), rtol=1e-6, atol=0)
   plain = np.asarray(ops.rope_inv_freq(head_dim, rope["rope_theta"]))
@@ -363,19 +363,19 @@ QWEN3_06B_JSON = {
 
 
 def test_config_round_trip_in_both_layouts():
-  assert models.ModelConfig.from_hf_dict(LLAMA_32_1B_JSON) == models.get_config("llama-3.2-1b")
-  assert models.ModelConfig.from_hf_dict(QWEN3_06B_JSON) == models.get_config("qwen3-0.6b")
+  assert models.hf_config.from_hf_dict(LLAMA_32_1B_JSON) == models.get_config("llama-3.2-1b")
+  assert models.hf_config.from_hf_dict(QWEN3_06B_JSON) == models.get_config("qwen3-0.6b")
   for name in ("qwen3-0.6b", "qwen3-8b", "llama-3.2-1b", "llama-3.2-3b"):
     config = models.get_config(name)
     hash(config)  # a jit static argument and lru_cache key
-    assert models.ModelConfig.from_hf_dict(config.to_hf_dict()) == config
+    assert models.hf_config.from_hf_dict(models.hf_config.to_hf_dict(config)) == config
     # transformers v5's own layout (rope_parameters only) of the same config.
-    hf_config = transformers.AutoConfig.for_model(**config.to_hf_dict())
+    hf_config = transformers.AutoConfig.for_model(**models.hf_config.to_hf_dict(config))
     assert (
         type(hf_config).__name__
         == {"qwen3": "Qwen3Config", "llama": "LlamaConfig"}[config.model_type]
     )
-    assert models.ModelConfig.from_hf_dict(hf_config.to_dict()) == config
+    assert models.hf_config.from_hf_dict(hf_config.to_dict()) == config
   # A dict for rope_scaling is normalised, so equal configs hash equal.
   as_dict = models.get_config("llama-3.2-1b").replace(
       rope_scaling=models.get_config("llama-3.2-1b").rope_scaling.to_hf_dict()
@@ -384,11 +384,11 @@ def test_config_round_trip_in_both_layouts():
   assert hash(as_dict) == hash(models.get_config("llama-3.2-1b"))
   # Qwen3's class default head size applies when config.json has none.
   no_head_dim = {k: v for k, v in QWEN3_06B_JSON.items() if k != "head_dim"}
-  assert models.ModelConfig.from_hf_dict({**no_head_dim, "hidden_size": 512}).head_dim == 128
+  assert models.hf_config.from_hf_dict({**no_head_dim, "hidden_size": 512}).head_dim == 128
 
 
 def test_unsupported_types_and_features_are_named(tmp_path):
-  base = models.get_config("llama-3.2-1b").to_hf_dict()
+  base = models.hf_config.to_hf_dict(models.get_config("llama-3.2-1b"))
   cases = [
       (
           {"model_type": "mistral"},
@@ -406,12 +406,12 @@ def test_unsupported_types_and_features_are_named(tmp_path):
   ]
   for changes, message in cases:
     with pytest.raises(ValueError, match=message):
-      models.ModelConfig.from_hf_dict({**base, **changes})
+      models.hf_config.from_hf_dict({**base, **changes})
   qwen3 = {**QWEN3_06B_JSON, "attention_bias": True}
   with pytest.raises(
       ValueError, match="attention_bias=true is not supported for model_type 'qwen3'"
   ):
-    models.ModelConfig.from_hf_dict(qwen3)
+    models.hf_config.from_hf_dict(qwen3)
   # Through load_hf: the error names the file before anything is read.
   with open(tmp_path / "config.json", "w", encoding="utf-8") as fp:
     json.dump({**base, "model_type": "gemma2"}, fp)
@@ -488,7 +488,7 @@ def test_presets_have_the_published_parameter_count(name):
   config = models.get_config(name)
   assert models.num_params(config) == PUBLISHED_SIZES[name]
   # transformers builds the same count on the meta device (no memory), and so do we abstractly.
-  hf_config = transformers.AutoConfig.for_model(**config.to_hf_dict())
+  hf_config = transformers.AutoConfig.for_model(**models.hf_config.to_hf_dict(config))
   with torch.device("meta"):
     hf = transformers.AutoModelForCausalLM.from_config(hf_config)
   assert sum(p.numel() for p in hf.parameters()) == PUBLISHED_SIZES[name]

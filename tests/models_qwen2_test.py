@@ -247,7 +247,7 @@ def test_missing_and_unexpected_tensors_are_errors(tmp_path):
 )
 def test_presets_have_the_parameter_count_transformers_builds(name):
   config = models.get_config(name)
-  hf_config = transformers.Qwen2Config(**config.to_hf_dict())
+  hf_config = transformers.Qwen2Config(**models.hf_config.to_hf_dict(config))
   with torch.device("meta"):
     hf = transformers.Qwen2ForCausalLM(hf_config)
   hf_count = sum(p.numel() for p in hf.parameters())  # tied weights once
@@ -275,15 +275,19 @@ def test_published_qwen25_sizes():
 
 def test_config_round_trip_and_validation():
   config = models.get_config("qwen2.5-7b")
-  assert models.ModelConfig.from_hf_dict(config.to_hf_dict()) == config
+  assert models.hf_config.from_hf_dict(models.hf_config.to_hf_dict(config)) == config
   # transformers v4 layout: rope_theta at the top level, no head_dim.
-  v4 = {k: v for k, v in config.to_hf_dict().items() if k not in ("rope_parameters", "head_dim")}
-  assert models.ModelConfig.from_hf_dict(v4) == config
+  v4 = {
+      k: v
+      for k, v in models.hf_config.to_hf_dict(config).items()
+      if k not in ("rope_parameters", "head_dim")
+  }
+  assert models.hf_config.from_hf_dict(v4) == config
   with pytest.raises(ValueError, match="not divisible by num_kv_heads"):
     config.replace(num_kv_heads=5)
   with pytest.raises(ValueError, match="qwen2.5-0.5b"):
     models.get_config("qwen-0.5b")
   with pytest.raises(ValueError, match="rope_type"):
-    models.ModelConfig.from_hf_dict(
-        {**config.to_hf_dict(), "rope_parameters": {"rope_type": "yarn"}}
+    models.hf_config.from_hf_dict(
+        {**models.hf_config.to_hf_dict(config), "rope_parameters": {"rope_type": "yarn"}}
     )

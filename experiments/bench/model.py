@@ -64,7 +64,7 @@ def _time_interleaved(fn_a, fn_b, iters: int) -> tuple[float, float]:
 def bench(name: str, config: models.ModelConfig, batch: int, length: int, iters: int) -> dict:
   """Returns tokens/s of both implementations on one config."""
   torch.manual_seed(0)
-  hf_config = transformers.Qwen2Config(**config.to_hf_dict())
+  hf_config = transformers.Qwen2Config(**models.hf_config.to_hf_dict(config))
   hf = transformers.Qwen2ForCausalLM(hf_config).eval()
   with tempfile.TemporaryDirectory() as tmp:
     hf.save_pretrained(tmp)

@@ -253,19 +253,6 @@ class ModelConfig:
   def replace(self, **changes) -> "ModelConfig":
     return dataclasses.replace(self, **changes)
 
-  @classmethod
-  def from_hf_dict(cls, d: dict[str, Any], **overrides) -> "ModelConfig":
-    """`hf_config.from_hf_dict`: the config of a Hugging Face config.json dict."""
-    from ragen_jax.models import hf_config  # pylint: disable=g-import-not-at-top
-
-    return hf_config.from_hf_dict(d, **overrides)
-
-  def to_hf_dict(self) -> dict[str, Any]:
-    """`hf_config.to_hf_dict`: the config.json dict of this config."""
-    from ragen_jax.models import hf_config  # pylint: disable=g-import-not-at-top
-
-    return hf_config.to_hf_dict(self)
-
 
 def _qwen25(hidden, inter, layers, heads, kv_heads, tied, vocab=151936):
   return ModelConfig(

@@ -37,16 +37,12 @@ import threading
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ragen_jax.envs import text
+from ragen_jax.envs.text.math_env import CORRECT_FEEDBACK
+from ragen_jax.envs.text.math_env import DEFAULT_INSTRUCTION
+from ragen_jax.envs.text.math_env import FINAL_INCORRECT
+from ragen_jax.envs.text.math_env import INCORRECT_FEEDBACK
 
 RIGHT_SCORE = 1.0
-INCORRECT_FEEDBACK = "Incorrect. Please think again."  # RAGEN's MetaMathQA feedback
-CORRECT_FEEDBACK = "Correct!"
-FINAL_INCORRECT = "Incorrect."
-
-DEFAULT_INSTRUCTION = (
-    "Solve the problem. Reason inside <think></think>, then give only the final answer inside "
-    "<answer></answer>, with no units, words or explanation, e.g. <answer>42</answer>."
-)
 _RETRY_INSTRUCTION = (
     " You have {n} attempts: after a wrong answer you are told so and may answer again."
 )

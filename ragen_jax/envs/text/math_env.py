@@ -56,10 +56,6 @@ from typing import Dict, List, Optional, Tuple
 
 from ragen_jax.config_checks import check_arguments, PositiveInt
 from ragen_jax.envs import text
-from ragen_jax.envs.bridges.reasoning_gym import CORRECT_FEEDBACK
-from ragen_jax.envs.bridges.reasoning_gym import DEFAULT_INSTRUCTION
-from ragen_jax.envs.bridges.reasoning_gym import FINAL_INCORRECT
-from ragen_jax.envs.bridges.reasoning_gym import INCORRECT_FEEDBACK
 
 DEFAULT_PATH = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -68,6 +64,14 @@ DEFAULT_PATH = os.path.join(
     "questions.jsonl",
 )
 GSM8K_MARKER = "####"
+# RAGEN's MetaMathQA feedback and the answer format (reasoning-gym's bridge words its the same).
+INCORRECT_FEEDBACK = "Incorrect. Please think again."
+CORRECT_FEEDBACK = "Correct!"
+FINAL_INCORRECT = "Incorrect."
+DEFAULT_INSTRUCTION = (
+    "Solve the problem. Reason inside <think></think>, then give only the final answer inside "
+    "<answer></answer>, with no units, words or explanation, e.g. <answer>42</answer>."
+)
 _ANSWER_IS = re.compile(r"the answer is:", re.IGNORECASE)
 _WHITESPACE = re.compile(r"\s+")
 _RETRY_SENTENCE = " If an answer is wrong you are told so and may try again ({n} tries in all)."
