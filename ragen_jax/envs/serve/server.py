@@ -66,7 +66,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 from ragen_jax.envs import registry
 from ragen_jax.envs.serve import http as serve_http
 
-logger = logging.getLogger("ragen_jax.envs.serve")  # also when run as __main__
+logger = serve_http.logger  # serve's one logger (declared in serve.http)
 
 DEFAULT_MAX_EPISODES = 4096
 DEFAULT_MAX_BODY_BYTES = 1 << 20
