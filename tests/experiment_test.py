@@ -165,6 +165,41 @@ def test_launch_rejects_a_typo_before_doing_anything(tmp_path):
   assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--config=configs/sokoban_ppo.py:smok"], "unknown or repeated config variant 'smok'"),
+        (["--config=configs/nope.py"], "config file 'configs/nope.py' not found"),
+        (
+            ["--config=configs/sokoban_ppo.py:smoke", "--config.rollout.group_size=abc"],
+            "flag --config.rollout.group_size=abc: invalid literal for int()",
+        ),
+        (["--config=configs/sokoban_ppo.py:smoke", "--no_such_flag=1"], "no_such_flag"),
+    ],
+)
+def test_a_wrong_command_ends_in_one_line_before_anything_runs(args, message, tmp_path):
+  """The config is loaded once, by absl's parse; when that fails the command says why in one
+  line with the command's status (no traceback, no workdir)."""
+  proc = subprocess.run(
+      [sys.executable, "launch.py", *args, f"--workdir={tmp_path / 'w'}"],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=120,
+  )
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: ") and message in last and "Traceback" not in proc.stderr
+  assert not (tmp_path / "w").exists()
+
+
+def test_the_default_workdir_names_the_config_and_its_variant():
+  assert cli.default_workdir("configs/sokoban_ppo.py") == os.path.join("runs", "sokoban_ppo")
+  assert cli.default_workdir("configs/sokoban_ppo.py:model=qwen2.5-3b,hw=h100") == os.path.join(
+      "runs", "sokoban_ppo_model-qwen2.5-3b_hw-h100"
+  )
+
+
 def test_a_run_saved_before_keys_were_added_still_opens(tmp_path):
   """A stored config lacking keys (and a whole section) added since gets today's defaults."""
   import json  # pylint: disable=g-import-not-at-top
