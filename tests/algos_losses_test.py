@@ -140,7 +140,8 @@ def test_policy_loss_on_policy_is_plain_policy_gradient():
 @hypothesis.settings(max_examples=25, deadline=None)
 @hypothesis.given(
     lr=hnp.arrays(np.float32, (3, 5), elements=st.floats(-30, 30, width=32)),
-    adv=hnp.arrays(np.float32, (3, 5), elements=st.floats(-2, 2, width=32)),
+    # No subnormal advantages: XLA on CPU flushes them to zero, the float64 reference does not.
+    adv=hnp.arrays(np.float32, (3, 5), elements=st.floats(-2, 2, width=32, allow_subnormal=False)),
     m=hnp.arrays(np.int32, (3, 5), elements=st.integers(0, 1)),
     mode=st.sampled_from(MODES),
 )

@@ -111,7 +111,7 @@ def test_a_bad_entry_is_a_clear_error_before_anything_compiles(entry, message):
   from ragen_jax.config import schema  # pylint: disable=import-outside-toplevel
 
   with pytest.raises(ValueError, match=message):
-    experiment.from_config(config)
+    schema.from_config(config)
 
 
 def test_options_the_environment_does_not_take_are_a_clear_error():
@@ -120,7 +120,7 @@ def test_options_the_environment_does_not_take_are_a_clear_error():
   from ragen_jax.config import schema  # pylint: disable=import-outside-toplevel
 
   with pytest.raises(ValueError, match=r"does not take options \['hihg'\]"):
-    experiment.from_config(config)
+    schema.from_config(config)
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """The experiment: one typed dataclass per config section, validated once with clear errors.
 
-    exp = experiment.from_config(config)   # config: the ml_collections.ConfigDict of configs/*.py
+    exp = schema.from_config(config)       # config: the ml_collections.ConfigDict of configs/*.py
     exp.envs[0].make()                     # the environment of the first tag
     exp.envs[0].rollout_config(exp.rollout, validation=False)
 

@@ -32,7 +32,7 @@ def model_config(exp) -> models.ModelConfig:
 
 
 def build(exp, sharder=None):
-  """(model, tokenizer) for `exp.model` (an experiment.ModelSpec inside `exp`).
+  """(model, tokenizer) for `exp.model` (a `config.schema.ModelSpec` inside `exp`).
 
   With a `sharding.Sharder`, the model's sizes are checked against the mesh first and every
   parameter is created or loaded directly into its sharding. The weights are stored in
