@@ -548,3 +548,22 @@ def test_config_validation():
       0.001,
       0.01,
   )
+
+
+def test_the_update_scores_tokens_at_the_rollouts_temperature():
+  """The old log-probs are those of the sampled distribution, logits / the rollout temperature
+  (`make_train_step(temperature=...)`): a batch sampled at 0.5 matches at 0.5, not at 1."""
+  actor = models.create(MODEL, jax.random.key(0))
+  cfg = algos.PPOConfig(num_minibatches=2, filter_include_zero=False, vocab_chunk=32)
+  batch = make_batch()
+  logits = actor(batch.tokens_BxT, batch.attention_mask_BxT) / 0.5
+  lsm = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+  logp = jnp.take_along_axis(lsm, batch.tokens_BxT[:, 1:, None], -1)[..., 0]
+  batch = batch.replace(logprobs_BxT=jnp.pad(logp, ((0, 0), (1, 0))) * batch.loss_mask_BxT)
+  diffs = {}
+  for temperature in (0.5, 1.0):
+    step = algos.make_train_step(actor, None, cfg, compiler_options=FAST, temperature=temperature)
+    state = algos.init_train_state(actor, None, cfg, jax.random.key(1))
+    _, metrics = step(state, batch, jax.random.key(2))
+    diffs[temperature] = float(metrics["training/rollout_probs_diff_mean"])
+  assert diffs[0.5] < 1e-5 < 1e-3 < diffs[1.0], diffs

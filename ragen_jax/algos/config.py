@@ -48,7 +48,6 @@ class PPOConfig:
     value_clip: critic value clip range κ around the old values.
     critic: "separate" (own model, RAGEN) or "shared" (value head on the actor's trunk).
     vf_coef: weight of the value loss in the joint loss of the shared-trunk critic.
-    temperature: rollout sampling temperature; logits are divided by it.
     recompute_old_logprobs: old log-probs from the current actor (veRL, RAGEN) rather than
       the rollout engine's `logprobs_BxT`.
     positive_advantages_only: replace each advantage A by max(A, 0): episodes (or tokens, under
@@ -84,7 +83,6 @@ class PPOConfig:
   value_clip: PositiveFloat = 0.5
   critic: str = "separate"
   vf_coef: NonNegativeFloat = 1.0
-  temperature: PositiveFloat = 1.0
   recompute_old_logprobs: bool = True
   positive_advantages_only: bool = False
   filter_strategy: str = "top_p"

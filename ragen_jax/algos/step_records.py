@@ -67,6 +67,7 @@ class StepSpec:
   critic: Any  # critic.Critic, the strategy of the configured critic mode
   actor_tx: optax.GradientTransformation
   critic_tx: optax.GradientTransformation
+  temperature: float = 1.0  # the rollout's: log-probs of the sampled distribution
   # R: the positions per row at which log-probs are computed (the loss mask's, `logprobs.
   # response_positions`); None computes them everywhere. Set per call (`train_step`).
   width: int | None = None

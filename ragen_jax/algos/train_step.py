@@ -126,7 +126,7 @@ def init_train_state(
 
 
 def policy_forward(
-    graph, params, tokens_BxT, attn_BxT, cfg: PPOConfig, with_entropy, mask_BxT=None, width=None
+    graph, params, tokens_BxT, attn_BxT, spec: StepSpec, with_entropy, mask_BxT=None, width=None
 ):
   """(logp_BxT, entropy_BxT, hidden_BxTxD) of a policy with `params`.
 
@@ -138,7 +138,13 @@ def policy_forward(
   w_DxV = model.unembed_kernel().astype(hidden_BxTxD.dtype)
   positions = None if width is None else response_positions(mask_BxT, width)
   logp_BxT, entropy_BxT = sequence_logprobs(
-      hidden_BxTxD, w_DxV, tokens_BxT, cfg.vocab_chunk, cfg.temperature, with_entropy, positions
+      hidden_BxTxD,
+      w_DxV,
+      tokens_BxT,
+      spec.cfg.vocab_chunk,
+      spec.temperature,
+      with_entropy,
+      positions,
   )
   return logp_BxT, entropy_BxT, hidden_BxTxD
 
@@ -202,7 +208,7 @@ def micro_grads(spec: StepSpec, actor_params, critic_params, mb: UpdateData):
         params,
         mb.tokens_BxT,
         mb.attn_BxT,
-        cfg,
+        spec,
         cfg.entropy_coeff > 0,
         mb.mask_BxT,
         spec.width,
@@ -258,7 +264,7 @@ def old_pass(spec: StepSpec, state: TrainState, sel: Selection, chunk_size) -> O
 
   def forward(tokens_UxT, attn_UxT, mask_UxT):
     logp, ent, hidden = policy_forward(
-        spec.actor, state.actor_params, tokens_UxT, attn_UxT, cfg, True, mask_UxT, spec.width
+        spec.actor, state.actor_params, tokens_UxT, attn_UxT, spec, True, mask_UxT, spec.width
     )
     values = spec.critic.values(state.critic_params, tokens_UxT, attn_UxT, hidden)
     ref_logp = None
@@ -267,7 +273,7 @@ def old_pass(spec: StepSpec, state: TrainState, sel: Selection, chunk_size) -> O
       if ref_params is None:  # LoRA: the frozen base, i.e. the actor with every B at zero
         ref_params = lora.without_adapters(state.actor_params)
       ref_logp = policy_forward(
-          spec.ref, ref_params, tokens_UxT, attn_UxT, cfg, False, mask_UxT, spec.width
+          spec.ref, ref_params, tokens_UxT, attn_UxT, spec, False, mask_UxT, spec.width
       )[0]
     return OldPass(logp_BxT=logp, entropy_BxT=ent, values_BxT=values, ref_logp_BxT=ref_logp)
 
@@ -488,12 +494,15 @@ def make_train_step(
     critic_tx=None,
     compiler_options=None,
     out_shardings=None,
+    temperature: float = 1.0,
 ):
   """Returns `train_step(state, batch, key, response_width=None) -> (state, metrics)`, jitted
   with the state donated.
 
   Args:
     actor_model, critic_model, cfg: as for init_train_state (only graph structure is used).
+    temperature: the rollout's sampling temperature: the update's log-probs are those of the
+      distribution sampled from (logits divided by it).
     ref_model: only its structure is used (it must match the actor's when None).
     jit: False returns the plain Python function (for tests and debugging).
     actor_tx, critic_tx: optimizer overrides, as given to init_train_state.
@@ -503,6 +512,7 @@ def make_train_step(
   """
   spec = StepSpec(
       cfg=cfg,
+      temperature=float(temperature),
       actor=ModelGraph.of(actor_model),
       ref=ModelGraph.of(ref_model if ref_model is not None else actor_model),
       critic=critic_lib.make_critic(cfg, actor_model, critic_model),

@@ -179,15 +179,15 @@ class SeedSpec:
     check_fields(self, "seed")
 
 
-# Section name -> (dataclass, fields that are not config keys). The PPO temperature is the
-# rollout's; the rollout's per-tag fields live in each env section.
+# Section name -> (dataclass, fields that are not config keys). The rollout's per-tag fields
+# live in each env section.
 SECTIONS = {
     "model": (ModelSpec, ()),
     "rollout": (
         rollout_lib.RolloutConfig,
         ("env_groups", "instruction") + rollout_lib.RolloutConfig.PER_TAG,
     ),
-    "ppo": (algos.PPOConfig, ("temperature",)),
+    "ppo": (algos.PPOConfig, ()),
     "sft": (SFTConfig, ()),
     "trainer": (TrainerSpec, ()),
     "diagnostics": (CollapseConfig, ()),
@@ -303,8 +303,6 @@ def from_config(config) -> Experiment:
   for name, (cls, exclude) in SECTIONS.items():
     values = _values(config[name], name, section_keys(cls, exclude))
     values = {k: v.to_dict() if hasattr(v, "to_dict") else v for k, v in values.items()}
-    if name == "ppo":  # the update's log-probs are those of the sampling distribution
-      values["temperature"] = config.rollout.temperature
     try:
       built[name] = cls(**values)
     except (TypeError, ValueError) as e:

@@ -201,6 +201,7 @@ class _Run:
         None,
         exp.ppo,
         out_shardings=(self.state_sharding.train, self.sharder.replicated),
+        temperature=exp.rollout.temperature,
     )
     self.host = run_state.HostState.new(exp)
 
