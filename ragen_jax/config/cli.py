@@ -5,10 +5,10 @@
     workdir = cli.default_workdir(cli.config_spec(config_flag))
 
 ml_collections' config flag loads the file and applies the overrides as absl parses argv, once.
-Only when that fails are the command and the file read again, to say what was wrong in one line (an unknown
-key with the valid keys there, an unknown variant, a missing file) instead of a traceback:
-`CommandError`, which the command turns into its exit status. `load_config_file` is the same
-load for code and tests (no flags).
+Only when that fails are the command and the file read again, to say what was wrong in one line
+(an unknown key with the valid keys there, an unknown variant, a missing file) instead of a
+traceback: `CommandError`, which the command turns into its exit status. `load_config_file` is
+the same load for code and tests (no flags).
 """
 
 import importlib.util

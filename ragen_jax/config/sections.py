@@ -6,8 +6,8 @@
 
 `experiment` builds every section from its dataclass (`config.schema.SECTIONS`; the defaults
 are RAGEN's, shared/reference/ragen.md §3.4), applies `CPU_SCALE` (the tiny model on a 2-core
-CPU), then the file's values, then the variant arguments of `configs/x.py:<arg>` (`config.variants`).
-Overrides on the command line (`--config.rollout.group_size=4`) and typo errors work on the
+CPU), then the file's values, then the variant arguments of `configs/x.py:<arg>`
+(`config.variants`). Overrides on the command line (`--config.rollout.group_size=4`) and typo errors work on the
 result as on any ConfigDict; `config.schema.from_config` turns it back into the dataclasses.
 """
 

@@ -213,7 +213,7 @@ class RolloutResult:
 def to_result(eps: List[Episode], c: RolloutConfig, pad_id: int, stats: Dict[str, int]):
   """The RolloutResult of a batch's episodes: the training batch and metrics."""
   b = len(eps)
-  group_ids = np.repeat(np.arange(c.env_groups, dtype=np.int32), c.group_size)
+  group_ids = np.array([ep.group_id for ep in eps], np.int32)
   scores = np.array([ep.score for ep in eps], np.float32)
   failed = np.array([bool(ep.env_error) for ep in eps])
   # A failed episode trains nothing and moves no group statistic: its group's mean score.

@@ -14,8 +14,8 @@ a resumed run replays exactly what the uninterrupted run would have done.
 Diagnostics (ragen_jax.diagnostics): every step the valid-thinking rate and reasoning lengths;
 at step 1 and every `diagnostics.compute_freq` steps RAGEN-2's MI family (`collapse/*`), on the
 unfiltered batch under the policy that sampled it, before the update. RAGEN's stopping rules
-(diagnostics.early_stop) watch every step and validation; a rule in "stop" mode saves and ends the run,
-and running the command again reports that instead of training on.
+(diagnostics.early_stop) watch every step and validation; a rule in "stop" mode saves and ends
+the run, and running the command again reports that instead of training on.
 
 Workdir: `checkpoints/<step>/` (orbax: actor, critic, optimizer states, step, base key; JSON
 meta with the config, seed counters, stopping-rule streaks and the MI z-score EMA), TensorBoard
@@ -50,19 +50,19 @@ from ragen_jax import atomic_write
 from ragen_jax import checkpoints
 from ragen_jax import diagnostics
 from ragen_jax import distributed
+from ragen_jax import keys
 from ragen_jax import logging_utils
 from ragen_jax import rollout as rollout_lib
 from ragen_jax import sharding
 from ragen_jax.config import drift
 from ragen_jax.config import schema
 from ragen_jax.train import batching
-from ragen_jax import keys
 from ragen_jax.train import memory
 from ragen_jax.train import policy as policy_lib
 from ragen_jax.train import run_state
-from ragen_jax.warm_start import sft as sft_lib
 from ragen_jax.train import stop_signals
 from ragen_jax.train import validation
+from ragen_jax.warm_start import sft as sft_lib
 
 
 class NonFiniteLossError(RuntimeError):
