@@ -2,15 +2,18 @@
 # The GPU figures of BENCHMARKS.md in one command, on a machine with one NVIDIA GPU and JAX's
 # CUDA build installed (the pinned pure-Python packages may be given as wheels in .whl/).
 #   bash experiments/bench/run_gpu.sh [OUTDIR] [PART ...]
-#       parts: kernels ceilings decode bound train sizes trainer (default all); STEP_TIMEOUT=s
-#       bounds each step (default 1800)
+#       parts: kernels ceilings decode bound train sizes trainer (default all), learn (alone:
+#       ~7 min); STEP_TIMEOUT=s bounds each step (default 1800); LEARN_SECONDS=s trains each
+#       learn run that long (default 300)
 # kernels: the GPU-only attention tests (cuDNN's fused kernel is in the program and matches);
 # ceilings: the card's matmul and memory ceilings; decode: decode/prefill vs transformers
 # generate (CUDA, bf16) on a Qwen2.5-0.5B-shaped random model; bound: decode at batch 64-256
 # against the memory-bandwidth bound; train: the StarPO train step's tokens/s and MFU at T=1024;
 # sizes: 0.5B- and 3B-shaped models at T=2048 and 4096, bf16, our forward+backward (cuDNN
 # attention) against PyTorch sdpa and the StarPO step's share of peak; trainer: the real trainer
-# for a few steps of sokoban_ppo on a random 0.5B checkpoint (rollout and train tokens/s).
+# for a few steps of sokoban_ppo on a random 0.5B checkpoint (rollout and train tokens/s);
+# learn: experiments/gpu_learn.py, the tiny model's warm start trained at 512 episodes a step
+# and evaluated before and after on 512 held-out Sokoban levels (learn.md, learn.json, learn.png).
 set -uo pipefail
 out=${1:-/tmp/gpu_bench}
 shift || true
@@ -35,6 +38,8 @@ size() {  # size PRESET T B JAX_PARTS: the JAX rows, then PyTorch's in a process
   step "size $1 T=$2 B=$3 torch" env XLA_PYTHON_CLIENT_PREALLOCATE=false \
       python3 $bench_step "${common[@]}" --parts torch
 }
+want learn && step learn python3 -m experiments.gpu_learn --out "$out" \
+    --seconds "${LEARN_SECONDS:-300}"
 want kernels && step kernels python3 -m pytest -q -p no:cacheprovider -n 0 \
     tests/models_attention_test.py -k "cudnn or gpu"
 want ceilings && step ceilings python3 experiments/bench/ceilings.py

@@ -24,7 +24,8 @@ HARDWARE = {
     "h100": dict(devices=1, memory_gib=80),  # one H100 80 GB
     "v5e8": dict(devices=8, memory_gib=16),  # TPU v5e-8: 8 chips x 16 GB, fsdp over all 8
 }
-SCALES = ("smoke", "debug")
+# Scales of the tiny model (no model=): smoke and debug, seconds on a CPU; gpu, one accelerator.
+SCALES = ("smoke", "debug", "gpu")
 # What is stored and trained (`params=`): bf16, bfloat16 weights updated from float32 AdamW
 # moments (ragen_jax/algos/optim.py says what bfloat16 weights lose); lora, RAGEN's LoRA (rank
 # 64, alpha 64, all seven linear layers) on frozen bfloat16 weights, float32 adapters.
@@ -80,6 +81,8 @@ def parse_variant(arg: Optional[str]) -> Dict[str, str]:
   for key in ("hw", "params"):
     if key in out and "model" not in out:
       raise ValueError(f"config variant {arg!r}: {key}= sizes a real model; add model=...")
+  if out.get("scale") == "gpu" and "model" in out:
+    raise ValueError(f"config variant {arg!r}: gpu sizes the tiny model; a real one takes hw=")
   return out
 
 
@@ -95,6 +98,7 @@ def apply_variant(config: ml_collections.ConfigDict, arg) -> ml_collections.Conf
     weights' dtype.
   smoke: seconds-scale sizes for tests and CI (the whole run well under 2 minutes on 2 cores);
     debug: the same, for quick manual runs of evaluation.
+  gpu: the tiny model on one accelerator: 512 episodes a step (`_gpu_variant`).
   """
   variant = parse_variant(arg)
   if "model" in variant:
@@ -107,7 +111,9 @@ def apply_variant(config: ml_collections.ConfigDict, arg) -> ml_collections.Conf
       config.ppo.actor_lr *= 10
   if "hw" in variant:
     _hardware_variant(config, variant["model"], variant["hw"])
-  if "scale" in variant:
+  if variant.get("scale") == "gpu":
+    _gpu_variant(config)
+  elif "scale" in variant:
     _smoke_variant(config)
   return config
 
@@ -160,6 +166,26 @@ def _hardware_variant(config, preset: str, hardware: str) -> None:
     # shares the actor's trunk instead (with LoRA its gradient reaches the adapters only).
     config.ppo.critic = "shared"
     config.ppo.vf_coef = 0.1
+
+
+def _gpu_variant(config) -> None:
+  """The tiny model where a rollout of 512 episodes costs about what 64 do on a CPU: 32 groups
+  x RAGEN's 16 per environment tag, minibatches of 64 episodes (StarPO-S's kept half gives 4
+  optimizer steps a step), one compiled train-step shape. The run is long (1,000 steps): stop it
+  with SIGTERM when its time is up (it saves and exits), as `experiments/gpu_learn.py` does."""
+  for env_section in config.envs.values():
+    env_section.train_groups = 32
+  config.rollout.group_size = 16
+  episodes = sum(e.train_groups for e in config.envs.values()) * config.rollout.group_size
+  config.ppo.num_minibatches = episodes // 64
+  # 16 sequences per micro-batch: XLA's attention (the float32 tiny model's) keeps each layer's
+  # [U, H, T, T] scores, ~20 GB for U = 64 at T = 1024 with the critic.
+  config.ppo.micro_batches = 4
+  config.trainer.pad_multiple = config.rollout.max_context
+  config.trainer.total_steps = 1000
+  config.trainer.eval_every = 10
+  config.trainer.save_every = 25
+  config.diagnostics.compute_freq = 10
 
 
 def _smoke_variant(config) -> None:
