@@ -100,6 +100,7 @@ class Job:
     self.name, self.command, self.log_path = name, command, log_path
     self.started = time.monotonic()
     self.seconds = None
+    self.stopped = False
     with open(log_path, "w", encoding="utf-8") as log:
       self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
           command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -118,7 +119,8 @@ class Job:
 
   def stop(self) -> None:
     """SIGTERM to the command (the trainer finishes its step, saves and exits 0)."""
-    if self.proc.poll() is None:
+    if self.proc.poll() is None and not self.stopped:  # a second SIGTERM aborts the save
+      self.stopped = True
       print(f"[{self.name}] time is up: SIGTERM", flush=True)
       self.proc.send_signal(signal.SIGTERM)
 
@@ -182,34 +184,45 @@ def gain(before: Heldout, after: Heldout) -> Tuple[float, float]:
   return 100 * float(d.mean()), 100 * float(se)
 
 
-def _mean(points, lo: int, hi: int) -> Optional[float]:
-  values = [v for s, v in points if lo <= s <= hi]
-  return float(np.mean(values)) if values else None
+def last_checkpoint(workdir: str) -> Optional[int]:
+  """The newest step directory under `workdir/checkpoints` (orbax writes a step under a
+  temporary name and renames it when complete), or None."""
+  directory = os.path.join(workdir, "checkpoints")
+  steps = [int(d) for d in os.listdir(directory) if d.isdigit()] if os.path.isdir(directory) else []
+  return max(steps, default=None)
 
 
-def arm_summary(run: plot.Run) -> Dict[str, object]:
-  """The numbers of one run's events: steps, timings, the validation curve, training success."""
+def _in(points, lo: int, hi: int) -> List[float]:
+  return [v for k, v in points if lo <= k <= hi]
+
+
+TIMINGS = ("step", "gen", "gen_env", "gen_decode", "update")
+
+
+def arm_summary(run: plot.Run, step: int) -> Dict[str, object]:
+  """The numbers of one run's events up to `step` (its evaluated checkpoint): median seconds
+  of steps 2.. (the first compiles), the validation curve and training success, the mean of
+  each window of 10 steps."""
   s = run.scalars
-  last = max((p[-1][0] for t, p in s.items() if p and not t.startswith("val/")), default=0)
-  timing = {
-      key: _mean(s.get(f"timing_s/{key}", []), 2, last)  # step 1 holds the compilation
-      for key in ("step", "gen", "update")
-  }
   train = s.get("train/success", [])
-  windows = [(lo, min(lo + 9, last)) for lo in range(1, last + 1, 10)]
+  median = lambda xs: float(np.median(xs)) if xs else None
   return dict(
-      steps=last,
-      seconds_per_step=timing,
-      val_success=[(int(k), float(v)) for k, v in s.get("val/success", [])],
-      train_success=[(lo, hi, _mean(train, lo, hi)) for lo, hi in windows],
+      steps=step,
+      seconds=({key: median(_in(s.get(f"timing_s/{key}", []), 2, step)) for key in TIMINGS}),
+      val_success=[(int(k), float(v)) for k, v in s.get("val/success", []) if k <= step],
+      train_success=[
+          (lo, min(lo + 9, step), float(np.mean(_in(train, lo, lo + 9))))
+          for lo in range(1, step + 1, 10)
+          if _in(train, lo, lo + 9)
+      ],
   )
 
 
-def _pct(x: Optional[float]) -> str:
-  return "n/a" if x is None else f"{100 * x:.1f}"
+def _num(x: Optional[float], scale: float = 1.0, digits: int = 2) -> str:
+  return "n/a" if x is None else f"{scale * x:.{digits}f}"
 
 
-def report(args, arms, commands, start: Heldout, finals, runs, wall) -> Tuple[str, dict]:
+def report(args, arms, commands, start: Heldout, finals, summaries, wall) -> Tuple[str, dict]:
   """learn.md's text and learn.json's record."""
   data = dict(
       levels=len(start.success),
@@ -223,50 +236,55 @@ def report(args, arms, commands, start: Heldout, finals, runs, wall) -> Tuple[st
   lines = [
       "# StarPO on Sokoban at accelerator scale (`experiments/gpu_learn.py`)",
       "",
-      f"Held-out levels: {len(start.success)} (seeds from {args.level_seed}), validation "
+      f"Held-out levels: {len(start.success)} (seeds from {args.level_seed}), at validation's "
       f"temperature. Training stopped after {args.seconds:.0f} s; wall time {wall:.0f} s in all.",
+      "Seconds: medians over steps 2.. (the first compiles); rollout = environments + decode + "
+      "host.",
       "",
-      "| policy | steps | held-out success % | gain (points, paired SE) | s/step | rollout s | "
-      "update s |",
-      "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-      f"| starting policy | 0 | {_pct(start.rate)} ± {100 * start.stderr:.1f} | | | | |",
+      "| policy | step | held-out success % | gain (points, paired SE) | s/step | rollout s | "
+      "environments s | decode s | update s |",
+      "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+      f"| starting policy | 0 | {_num(start.rate, 100, 1)} ± {100 * start.stderr:.1f} | | | | | "
+      "| |",
   ]
   for arm in arms:
-    summary = arm_summary(runs[arm.name])
+    summary = summaries.get(arm.name)
     final = finals.get(arm.name)
-    t = summary["seconds_per_step"]
-    fmt = lambda x: "n/a" if x is None else f"{x:.2f}"
-    if final is None:
-      cells = "not evaluated (no checkpoint) | |"
-      record = dict(summary, success=None)
-    else:
+    if summary is None:
+      lines.append(f"| {arm.name} | | no checkpoint | | | | | | |")
+      data["arms"][arm.name] = None
+      continue
+    record = dict(summary)
+    cells = "not evaluated | "
+    if final is not None:
       g, se = gain(start, final)
-      cells = f"{_pct(final.rate)} ± {100 * final.stderr:.1f} | {g:+.1f} ± {se:.1f}"
-      record = dict(summary, success=final.rate, stderr=final.stderr, gain=g, gain_se=se)
+      cells = f"{_num(final.rate, 100, 1)} ± {100 * final.stderr:.1f} | {g:+.1f} ± {se:.1f}"
+      record.update(success=final.rate, stderr=final.stderr, gain=g, gain_se=se)
+    t = summary["seconds"]
     lines.append(
-        f"| {arm.name} | {summary['steps']} | {cells} | {fmt(t['step'])} | {fmt(t['gen'])} | "
-        f"{fmt(t['update'])} |"
+        f"| {arm.name} | {summary['steps']} | {cells} | "
+        + " | ".join(_num(t[k]) for k in TIMINGS)
+        + " |"
     )
     data["arms"][arm.name] = record
-  lines += [
-      "",
-      "Validation success (%) on the standard validation levels (`seed.val` 123), by step:",
-      "",
-  ]
-  for arm in arms:
+  done = [a for a in arms if data["arms"][a.name]]
+  lines += ["", "Validation success (%) on the validation levels (`seed.val`), by step:", ""]
+  for arm in done:
     curve = data["arms"][arm.name]["val_success"]
-    lines.append(f"- {arm.name}: " + ", ".join(f"{s}: {100 * v:.1f}" for s, v in curve))
-  lines += ["", "Training success (%), mean over steps (temperature 1):", ""]
-  for arm in arms:
+    lines.append(f"- {arm.name}: " + ", ".join(f"{k}: {100 * v:.1f}" for k, v in curve))
+  lines += ["", "Training success (%) at temperature 1, mean of each 10 steps:", ""]
+  for arm in done:
     windows = data["arms"][arm.name]["train_success"]
-    lines.append(f"- {arm.name}: " + ", ".join(f"{lo}-{hi}: {_pct(v)}" for lo, hi, v in windows))
-  gains = [r["gain"] for r in data["arms"].values() if r.get("gain") is not None]
+    lines.append(
+        f"- {arm.name}: " + ", ".join(f"{lo}-{hi}: {100 * v:.1f}" for lo, hi, v in windows)
+    )
+  gains = [r["gain"] for r in data["arms"].values() if r and "gain" in r]
   best = max(gains, default=None)
+  verdict = "none" if best is None else f"{best:+.1f}"
+  verdict += " (met)." if best is not None and best >= TARGET_POINTS else " (not met)."
   lines += [
       "",
-      f"Target: +{TARGET_POINTS:.0f} points on the held-out levels; best gain: "
-      + ("none" if best is None else f"{best:+.1f}")
-      + (" (met)." if best is not None and best >= TARGET_POINTS else " (not met)."),
+      f"Target: +{TARGET_POINTS:.0f} points on the held-out levels; best gain: {verdict}",
       "",
       "Commands:",
       "",
@@ -282,7 +300,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       prog="python -m experiments.gpu_learn", description=__doc__.splitlines()[0]
   )
   parser.add_argument("--out", required=True, help="where learn.md, learn.json, learn.png go")
-  parser.add_argument("--workdir", default="/tmp/gpu_learn", help="the runs and their logs")
+  parser.add_argument(
+      "--workdir",
+      default="/tmp/gpu_learn",
+      help="the runs and their logs (a run already there resumes)",
+  )
   parser.add_argument(
       "--arm",
       action="append",
@@ -314,10 +336,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   jobs += [Job(name, cmd, w(f"{name}.log"), env) for name, cmd in train_cmds.items()]
   codes = wait_all(jobs, stop_after={a.name: args.seconds for a in arms})
 
+  # The newest complete checkpoint of each run is what is evaluated, named by its step.
+  steps = {a.name: last_checkpoint(w("runs", a.name)) for a in arms}
   final_cmds = {
-      a.name: eval_command(args.variant, heldout, w(f"heldout_{a.name}.jsonl"), w("runs", a.name))
-      for a in arms
-      if codes[a.name] == 0
+      name: eval_command(
+          args.variant,
+          heldout,
+          w(f"heldout_{name}.jsonl"),
+          w("runs", name, "checkpoints", str(step)),
+      )
+      for name, step in steps.items()
+      if step
   }
   finals_jobs = [Job(f"{n}-final", c, w(f"{n}-final.log"), env) for n, c in final_cmds.items()]
   final_codes = wait_all(finals_jobs)
@@ -328,26 +357,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   finals = {
       n: Heldout.read(w(f"heldout_{n}.jsonl")) for n in final_cmds if final_codes[f"{n}-final"] == 0
   }
-  runs = {a.name: r for a, r in zip(arms, plot.load_runs([w("runs", a.name) for a in arms]))}
+  runs = {n: plot.load_runs([w("runs", n)])[0] for n in final_cmds}
+  summaries = {n: arm_summary(runs[n], steps[n]) for n in final_cmds}
   commands = [start_cmd, *train_cmds.values(), *final_cmds.values()]
-  text, data = report(args, arms, commands, start, finals, runs, time.monotonic() - t0)
+  text, data = report(args, arms, commands, start, finals, summaries, time.monotonic() - t0)
   with open(os.path.join(args.out, "learn.md"), "w", encoding="utf-8") as f:
     f.write(text)
   with open(os.path.join(args.out, "learn.json"), "w", encoding="utf-8") as f:
     json.dump(data, f, indent=1)
-  try:
-    fig = plot.figure(
-        list(runs.values()),
-        plot.select_panels(None, {t for r in runs.values() for t in r.scalars}),
-        smooth_k=5,
-        title="gpu_learn",
-    )
-    fig.savefig(os.path.join(args.out, "learn.png"), dpi=110)
-  except (ImportError, plot.PlotError) as e:
-    print(f"no figure: {e}", file=sys.stderr)
+  if runs:
+    try:
+      tags = {t for r in runs.values() for t in r.scalars}
+      figure = plot.figure(list(runs.values()), plot.select_panels(None, tags), smooth_k=5)
+      figure.savefig(os.path.join(args.out, "learn.png"), dpi=110)
+    except (ImportError, plot.PlotError) as e:
+      print(f"no figure: {e}", file=sys.stderr)
   print(text, flush=True)
   failed = [n for n, c in {**codes, **final_codes}.items() if c != 0]
-  return 1 if failed else 0
+  return 1 if failed or len(finals) < len(arms) else 0
 
 
 if __name__ == "__main__":
