@@ -46,12 +46,15 @@ _ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
 
 def main(argv):
   del argv
-  distributed.initialize(
-      _COORDINATOR.value,
-      _NUM_PROCESSES.value,
-      _PROCESS_ID.value,
-      distributed.parse_device_ids(_LOCAL_DEVICES.value),
-  )
+  try:
+    distributed.initialize(
+        _COORDINATOR.value,
+        _NUM_PROCESSES.value,
+        _PROCESS_ID.value,
+        distributed.parse_device_ids(_LOCAL_DEVICES.value),
+    )
+  except distributed.LaunchError as e:
+    launch_utils.exit_with_error(str(e))
   config = _CONFIG.value
   workdir = _WORKDIR.value or cli.default_workdir(cli.config_spec(_CONFIG))
   launch_utils.log_start(config, workdir)

@@ -35,6 +35,10 @@ import numpy as np
 FORCE_ENV = "RAGEN_JAX_INIT"
 
 
+class LaunchError(ValueError):
+  """The environment names a multi-process run that cannot start as launched."""
+
+
 def _int_env(environ: Mapping[str, str], name: str) -> Optional[int]:
   value = environ.get(name)
   return int(value) if value not in (None, "") else None
@@ -85,6 +89,9 @@ def initialize(
 
   Arguments left None are auto-detected by JAX where a cluster manager supplies them. Must run
   before anything creates a JAX backend (jax.devices(), an array, a compilation).
+
+  Raises:
+    LaunchError: a multi-task SLURM allocation outside an srun step.
   """
   explicit = any(
       v is not None for v in (coordinator_address, num_processes, process_id, local_device_ids)
@@ -92,6 +99,14 @@ def initialize(
   cluster = "flags" if explicit else cluster_from_env(environ)
   if cluster is None:
     return False
+  if cluster == "slurm" and "SLURM_STEP_NODELIST" not in environ:
+    # The batch shell of a multi-task allocation: JAX would fail with "coordinator_address
+    # should be defined", since only an srun step names its nodes.
+    raise LaunchError(
+        f"this SLURM job has {environ.get('SLURM_NTASKS')} tasks, but launch.py runs outside "
+        "srun: start it with `srun python launch.py ...` (experiments/launch/slurm.sh does), "
+        "or submit one task (-n 1) for a single-process run"
+    )
   if num_processes is None:
     num_processes = _int_env(environ, "JAX_NUM_PROCESSES")
   if process_id is None:

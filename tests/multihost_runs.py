@@ -1,0 +1,122 @@
+"""What the multi-process tests share: the smoke run they split over 2 processes, the
+environment they run it in, launching it with explicit flags, and comparing its logged scalars
+with the one-process reference."""
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from ragen_jax import distributed
+from ragen_jax import logging_utils
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Collapse diagnostics at step 1 only (compute_freq=3): one compilation fewer per launch.
+SMOKE = [
+    "launch.py",
+    "--config=configs/sokoban_ppo.py:smoke",
+    "--config.mesh.data=1",
+    "--config.mesh.fsdp=2",
+    "--config.mesh.tensor=2",
+    "--config.diagnostics.compute_freq=3",
+]
+# Float reductions (the probability gap is round-off itself, so only its absolute size is
+# compared); everything else (counts, successes, lengths, rewards) must be identical.
+_TOLERANT = ("actor/", "critic/", "collapse/", "training/rollout_probs_diff")
+_RTOL, _ATOL = 1e-5, 1e-6
+TIMEOUT_S = 300
+
+
+def env(devices: int):
+  # No cluster variables (they would make the processes guess a cluster), but the test
+  # session's compilation cache (conftest.py) is kept.
+  cluster = lambda k: (
+      k.startswith(("SLURM_", "OMPI_", "TPU_", "MEGASCALE_", "JAX_"))
+      and not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))
+  )
+  env = {k: v for k, v in os.environ.items() if not cluster(k) and k != distributed.FORCE_ENV}
+  return dict(
+      env, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu"
+  )
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def launch_two(workdir: str, extra):
+  """Runs launch.py as processes 0 and 1; returns their outputs (fails on error or timeout)."""
+  port = free_port()
+  procs = [
+      subprocess.Popen(
+          [
+              sys.executable,
+              *SMOKE,
+              f"--workdir={workdir}",
+              f"--coordinator_address=localhost:{port}",
+              "--num_processes=2",
+              f"--process_id={i}",
+              *extra,
+          ],
+          cwd=ROOT,
+          env=env(2),
+          stdout=subprocess.PIPE,
+          stderr=subprocess.STDOUT,
+          text=True,
+      )
+      for i in range(2)
+  ]
+  logs = [[] for _ in procs]
+  readers = [
+      threading.Thread(target=lambda p=p, l=l: l.extend(p.stdout), daemon=True)
+      for p, l in zip(procs, logs)
+  ]
+  for r in readers:
+    r.start()
+  deadline = time.time() + TIMEOUT_S
+  try:
+    while any(p.poll() is None for p in procs):
+      if any(p.poll() not in (None, 0) for p in procs) or time.time() > deadline:
+        break  # one failed (its peer would wait for it forever) or both hang
+      time.sleep(0.5)
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+      p.wait()
+    for r in readers:
+      r.join(timeout=10)
+  outs = ["".join(l) for l in logs]
+  for i, (p, out) in enumerate(zip(procs, outs)):
+    assert p.returncode == 0, f"process {i} exited {p.returncode}:\n{out[-4000:]}"
+  return outs
+
+
+def scalars(workdir):
+  return {
+      (tag, step): value
+      for tag, series in logging_utils.read_scalars(workdir).items()
+      if not tag.startswith(("timing_s/", "perf/"))
+      for step, value in series
+  }
+
+
+
+
+def assert_matches(want, got, upto: int) -> None:
+  """Every scalar of the reference `want` at steps <= `upto` is in `got`: identical, or within
+  the tolerance for float reductions whose order cross-process collectives may change."""
+  want = {k: v for k, v in want.items() if k[1] <= upto}
+  missing = sorted(set(want) - set(got))
+  assert not missing, missing
+  for (tag, step), value in sorted(want.items()):
+    if tag.startswith(_TOLERANT):
+      assert got[tag, step] == pytest.approx(value, rel=_RTOL, abs=_ATOL), (tag, step)
+    else:
+      assert got[tag, step] == value, (tag, step)
