@@ -225,11 +225,15 @@ class Game2048(base.Env):
           f"{self.size}, found rows {[int(i) for i, _ in rows]}."
       )
     try:
-      board = np.array([[int(v) for v in cells.split(",")] for _, cells in rows], np.int64)
+      values = [[int(v) for v in cells.split(",")] for _, cells in rows]
     except ValueError as e:
       raise ValueError(f"2048 rows must hold integers: {e}") from e
-    if board.shape != (self.size, self.size):
-      raise ValueError(f"2048 grid is {board.shape}, but this env has size={self.size}.")
+    if any(len(row) != self.size for row in values):
+      raise ValueError(
+          f"2048 rows have {[len(row) for row in values]} cells, but this env has size="
+          f"{self.size}."
+      )
+    board = np.array(values, np.int64)
     tiles = board[board != 0]
     if np.any(tiles < 2) or np.any(tiles & (tiles - 1)) or np.any(tiles >= 2**31):
       raise ValueError(f"2048 tiles are 0 or powers of two from 2 to 2^30, got {sorted(tiles)}.")
@@ -254,7 +258,7 @@ class Game2048(base.Env):
     thought = f"Largest tile {int(board.max())}."
     if not np.isfinite(values[best]):
       return None, thought
-    return [best], thought + f" {self.action_names[best]} keeps it in the corner."
+    return [best], thought + f" {self.action_names[best]} keeps the big tiles in the corner."
 
 
 def snake_value(boards_xSxS: jax.Array) -> jax.Array:
@@ -264,10 +268,10 @@ def snake_value(boards_xSxS: jax.Array) -> jax.Array:
   s = boards_xSxS.shape[-1]
   order = np.arange(s * s).reshape(s, s)
   order[1::2] = order[1::2, ::-1]
-  weights_SxS = jnp.asarray(4.0**-order, jnp.float32)
+  weights = jnp.asarray(4.0**-order, jnp.float32).reshape((1,) * (boards_xSxS.ndim - 2) + (s, s))
   tiles = boards_xSxS.astype(jnp.float32)
   scale = jnp.maximum(jnp.max(tiles, axis=(-2, -1)), 2.0)
-  ordered = jnp.sum(tiles * weights_SxS, axis=(-2, -1)) / scale
+  ordered = jnp.sum(tiles * weights, axis=(-2, -1)) / scale
   return ordered + 0.03 * jnp.sum(boards_xSxS == 0, axis=(-2, -1))
 
 
