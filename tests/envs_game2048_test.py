@@ -3,6 +3,7 @@
 experts)."""
 
 import math
+import types
 
 import hypothesis
 from hypothesis import strategies as st
@@ -13,6 +14,7 @@ import pytest
 
 from ragen_jax import envs
 from ragen_jax.envs import game2048
+from ragen_jax.train import batching
 
 UP, RIGHT, DOWN, LEFT = range(4)
 ENV = envs.make("2048")
@@ -314,7 +316,13 @@ def test_the_expert_plays_legal_moves_and_beats_random_play():
   assert expert > 3 * random, (expert, random)
 
 
-def test_episode_metrics_read_the_largest_tile():
+def test_episode_metrics_read_the_largest_tile_into_the_rollout_metrics():
   rows = [[0, 2, 0, 0], [0, 64, 0, 0], [4, 0, 0, 0], [0, 0, 0, 2]]
   assert ENV.episode_metrics(_text(rows)) == {"max_tile": 64.0}
-  assert envs.make("sokoban").episode_metrics("anything") == {}
+  episodes = [types.SimpleNamespace(observation=_text(np.asarray(rows) * k)) for k in (1, 4)]
+  result = types.SimpleNamespace(episodes=episodes, metrics={"success": np.zeros(2)})
+  batching.add_env_metrics(ENV, result)
+  np.testing.assert_array_equal(result.metrics["max_tile"], [64.0, 256.0])
+  sokoban = types.SimpleNamespace(episodes=episodes, metrics={})
+  batching.add_env_metrics(envs.make("sokoban"), sokoban)  # no figures of its own
+  assert sokoban.metrics == {}
