@@ -4,7 +4,7 @@
 
 Generates a batch of Sokoban levels on the device, plays random actions in every episode of the
 batch with one jitted, vmapped step per turn, and prints throughput, outcomes and a few levels
-as RAGEN renders them; then does the same for FrozenLake and Bandit.
+as RAGEN renders them; then does the same for FrozenLake, Bandit and 2048.
 """
 
 import argparse
@@ -52,7 +52,7 @@ def main():
   parser.add_argument("--steps", type=int, default=10)
   args = parser.parse_args()
   print(f"jax {jax.__version__}, devices: {jax.devices()}")
-  for name in ("sokoban", "frozenlake", "bandit"):
+  for name in ("sokoban", "frozenlake", "bandit", "2048"):
     env = envs.make(name)
     first, returns, success, gen_s, step_s = play(env, args.batch, args.steps)
     print(f"\n== {name}: {args.batch} episodes, {args.steps} random steps each")

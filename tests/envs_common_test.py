@@ -7,13 +7,16 @@ import pytest
 
 from ragen_jax import envs
 
-SMALL = {"sokoban": {}, "frozenlake": {}, "bandit": {}}
+SMALL = {"sokoban": {}, "frozenlake": {}, "bandit": {}, "2048": {}}
 
 
 def test_make_errors_name_the_problem():
   with pytest.raises(
       ValueError,
-      match=r"valid names: \['bandit', 'countdown', 'frozenlake', 'math', 'sokoban', 'sudoku'\]",
+      match=(
+          r"valid names: \['2048', 'bandit', 'countdown', 'frozenlake', 'math', 'sokoban', "
+          r"'sudoku'\]"
+      ),
   ):
     envs.make("sokobann")
   with pytest.raises(ValueError, match="'dimroom'.*valid options"):

@@ -125,11 +125,18 @@ def test_options_the_environment_does_not_take_are_a_clear_error():
 
 @pytest.mark.parametrize(
     "name, steps",
-    [("countdown_grpo", 2), ("math_ppo", 2), ("sudoku_ppo", 2), ("text_mix_ppo", 1)],
+    [
+        ("countdown_grpo", 2),
+        ("math_ppo", 2),
+        ("sudoku_ppo", 2),
+        ("text_mix_ppo", 1),
+        ("game2048_ppo", 1),
+    ],
 )
 def test_ragens_text_environments_warm_start_and_train(name, steps, tmp_path):
-  """RAGEN's Countdown, math and Sudoku configs (`:smoke`): the environments' own experts give
-  the supervised warm start, then RL steps run and validate."""
+  """RAGEN's Countdown, math and Sudoku configs (`:smoke`), and 2048's (a pure-JAX environment
+  with an expert): the environments' own experts give the supervised warm start, then RL steps
+  run and validate."""
   config = cli.load_config_file(os.path.join(ROOT, "configs", f"{name}.py") + ":smoke")
   with config.unlocked():
     config.trainer.total_steps = steps
@@ -141,3 +148,5 @@ def test_ragens_text_environments_warm_start_and_train(name, steps, tmp_path):
   assert scalars["sft/loss"][-1][0] == 2  # the experts' demonstrations trained (smoke: 2 steps)
   for tag in {"countdown", "math"} & set(config.envs.keys()):  # one-turn answers: all right
     assert scalars[f"sft/{tag}/demo_success"][-1][1] == 1.0
+  if "game2048" in config.envs:  # its own per-episode figure (Env.episode_metrics)
+    assert summary["train/game2048/max_tile"] >= 2.0 and summary["val/game2048/max_tile"] >= 2.0

@@ -36,14 +36,16 @@ CPU_SCALE = {
 }
 
 # RAGEN's per-environment settings (its custom_envs entries CoordSokoban, CoordFrozenLake,
-# Bandit, Countdown, MetaMathQA, Sudoku); each environment's options are its dataclass's fields
-# (a text environment: its keyword parameters) and defaults.
+# Bandit, game_2048, Countdown, MetaMathQA, Sudoku); each environment's options are its
+# dataclass's fields (a text environment: its keyword parameters) and defaults.
 ENV_DEFAULTS = {
     "sokoban": dict(render_format="grid_coord", max_actions_per_traj=10, max_tokens_hint=120),
     "frozenlake": dict(render_format="grid_coord", max_actions_per_traj=10, max_tokens_hint=100),
     # Validation keeps the training names: a model trained from scratch knows nothing of unseen
     # names (RAGEN validates on BanditTest).
     "bandit": dict(render_format="grid", max_actions_per_traj=1, max_tokens_hint=100),
+    # RAGEN's "max words" hint is its 8192-token context; its 700 actions need a context window.
+    "2048": dict(render_format="grid", max_actions_per_traj=700, max_tokens_hint=8192),
     # Text environments (render_format is unused): one expression; three answers; a 4x4 board's
     # placements with room for mistakes.
     "countdown": dict(max_actions_per_traj=1, max_tokens_hint=100),

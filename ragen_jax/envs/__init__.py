@@ -1,4 +1,4 @@
-"""Environments: RAGEN's three as pure JAX functions, and any Python text environment.
+"""Environments: RAGEN's grid games as pure JAX functions, and any Python text environment.
 
 from ragen_jax import envs
 env = envs.make("sokoban", dim_room=(6, 6), num_boxes=1, max_steps=100)
@@ -11,7 +11,8 @@ Text environments (`envs.TextEnv`: reset(seed) -> str, step(str) -> obs, reward,
 are stepped on the host, one instance per episode. `envs.register(name, factory)` or an entry
 `package.module:Name` makes one available (`envs.registry`). The parts:
   device/   the pure-JAX environments that run on the accelerator: the `Env` contract (base),
-            Sokoban (and its level generator), FrozenLake, Bandit
+            Sokoban (and its level generator), FrozenLake, Bandit, 2048 (`envs.game2048`: its
+            move rule `slide` as a pure function)
   text/     the `TextEnv` contract (`envs.text`) and RAGEN's text environments: Countdown,
             Sudoku, math (with its question generator)
   host/     stepping text environments on the host: `host.pool.HostPool` (threads or worker
@@ -24,9 +25,11 @@ are stepped on the host, one instance per episode. `envs.register(name, factory)
 
 from ragen_jax import moved
 from ragen_jax.envs.device import base
+from ragen_jax.envs.device import game2048
 from ragen_jax.envs.device.bandit import Bandit, BanditState
 from ragen_jax.envs.device.base import Env
 from ragen_jax.envs.device.frozenlake import FrozenLake, FrozenLakeState
+from ragen_jax.envs.device.game2048 import Game2048, Game2048State
 from ragen_jax.envs.device.sokoban import Sokoban, SokobanState
 from ragen_jax.envs.registry import HostEnv
 from ragen_jax.envs.registry import is_jax

@@ -20,6 +20,7 @@ from ragen_jax.config_checks import check_arguments, check_fields, PositiveFloat
 from ragen_jax.envs.device import base
 from ragen_jax.envs.device.bandit import Bandit
 from ragen_jax.envs.device.frozenlake import FrozenLake
+from ragen_jax.envs.device.game2048 import Game2048
 from ragen_jax.envs.device.sokoban import Sokoban
 from ragen_jax.envs.host.records import MODES as POOL_MODES
 from ragen_jax.envs.text.countdown import Countdown
@@ -31,6 +32,7 @@ REGISTRY: Dict[str, Callable[..., Any]] = {
     "sokoban": Sokoban,
     "frozenlake": FrozenLake,
     "bandit": Bandit,
+    "2048": Game2048,
     # RAGEN's environments on free text, stepped on the host.
     "countdown": Countdown,
     "math": MathEnv,

@@ -64,6 +64,18 @@ def rollout_metrics(results: Dict[str, Any], prefix: str) -> Dict[str, float]:
   return out
 
 
+def add_env_metrics(env, result) -> None:
+  """Adds the environment's own per-episode figures (`Env.episode_metrics` of each episode's
+  last observation, e.g. 2048's `max_tile`) to a rollout result's metrics, so they are logged
+  per tag as the rollout's are; a text environment has none."""
+  figures = getattr(env, "episode_metrics", None)
+  if figures is None or not result.episodes:
+    return
+  rows = [figures(ep.observation) for ep in result.episodes]
+  for name in rows[0]:
+    result.metrics[name] = np.array([row[name] for row in rows], np.float32)
+
+
 def rollout_cost(results: Dict[str, Any]) -> Dict[str, float]:
   """Where the rollout's time went, summed over tags: the policy's prefill and decode, the
   environments, and the host's prompting, parsing and batch building; and the share of the

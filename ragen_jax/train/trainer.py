@@ -253,6 +253,8 @@ class _Run:
         tag: engine.run(policy, keys.rollout(step_key, i), seeds[tag])
         for i, (tag, engine) in enumerate(self.engines.items())
     }
+    for tag, result in results.items():
+      batching.add_env_metrics(self.engines[tag].env, result)
     self._check_env_errors(
         {tag: (r.summary["env_error"], r.episodes) for tag, r in results.items()}, step
     )

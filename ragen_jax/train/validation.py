@@ -22,6 +22,7 @@ from ragen_jax import logging_utils
 from ragen_jax import rollout as rollout_lib
 from ragen_jax import viewer
 from ragen_jax import keys
+from ragen_jax.train import batching
 
 
 def engines(exp, tokenizer, sharder=None) -> Dict[str, rollout_lib.Rollout]:
@@ -54,6 +55,7 @@ def run(exp, val_engines, model) -> Tuple[Dict[str, float], List[rollout_lib.Epi
     per_episode = {}
     for start, seed, keep in batches(exp, spec, engine):
       result = engine.run(model, jax.random.fold_in(key, start), seed=seed)
+      batching.add_env_metrics(engine.env, result)
       for name, values in result.metrics.items():
         per_episode.setdefault(name, []).append(values[:keep])
       episodes += [

@@ -5,7 +5,8 @@
 
 Experts are the environments' own `expert(state)` methods (host side, one unbatched state at a
 time): Sokoban's optimal plan (breadth-first), FrozenLake's shortest hole-free path (ignoring
-slips), Bandit's high-risk arm (its expected payout 0.25 beats the safe arm's 0.1).
+slips), Bandit's high-risk arm (its expected payout 0.25 beats the safe arm's 0.1), 2048's move of
+best expected value one new tile ahead.
 
 Deliberately imperfect: every action of a reply is independently replaced by a uniformly
 random action name with probability `random_prob`, so the fine-tuned policy still errs and

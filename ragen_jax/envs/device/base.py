@@ -12,6 +12,8 @@ probabilities), so `jax.jit(env.step)` closes over it and `jax.vmap` maps over s
 `info` is a dict of arrays with at least `success`, `action_is_effective` and `action_is_valid`.
 An environment that can demonstrate defines `expert(state) -> (plan as action indices or None,
 short reasoning text)` for one unbatched state: the scripted expert of `ragen_jax.warm_start.demos`.
+`episode_metrics(observation)` gives figures of an episode's last observation that training logs
+beside the rollout's own (2048's largest tile); none by default.
 Stepping a finished episode is a no-op with zero reward (the batch keeps its static shape while
 other episodes continue). An out-of-range action is a no-op that costs no step and reports
 `action_is_valid=False`.
@@ -71,6 +73,12 @@ class Env(abc.ABC):
   @property
   def grid_vocab(self) -> Dict[str, str]:
     """Symbol -> meaning, in RAGEN's legend order (empty for text-only environments)."""
+    return {}
+
+  def episode_metrics(self, observation: str) -> Dict[str, float]:
+    """Figures of an episode read from its last observation, logged per tag beside the
+    rollout's metrics (`ragen_jax.train.batching.add_env_metrics`); none by default."""
+    del observation
     return {}
 
   def instruction(self, render_format: str = "grid") -> str:
