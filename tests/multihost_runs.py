@@ -107,8 +107,6 @@ def scalars(workdir):
   }
 
 
-
-
 def assert_matches(want, got, upto: int) -> None:
   """Every scalar of the reference `want` at steps <= `upto` is in `got`: identical, or within
   the tolerance for float reductions whose order cross-process collectives may change."""

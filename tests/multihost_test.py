@@ -12,10 +12,11 @@ Checked against it (`multihost_runs.assert_matches`): every logged metric at eve
 validation, collapse diagnostics, losses) is identical, except actor/critic/collapse metrics
 (float reductions whose order cross-process collectives could change), which must agree to 1e-5
 relative; the validation trajectories are the same.
-- explicit flags: stopped after step 1, a second launch resumes from the orbax checkpoint both
-  processes wrote; only process 0 writes events and prints progress.
+- explicit flags (what multinode.sh passes), 2 steps; only process 0 writes events and prints
+  progress.
 - SLURM (a one-machine cluster, tests/slurm_cluster.py): `scancel --signal=TERM` after step 1
-  stops the job, which saves; `scontrol requeue` runs it again and it resumes to step 3. The
+  stops the job, which saves the checkpoint both processes write; `scontrol requeue` runs it
+  again and it resumes to step 3. The
   script's own requeue (a run that ended with little time left), a failing task taking the job
   down, and `launch.py` outside srun, each with stub or real commands, in seconds.
 - Open MPI: `mpirun -np 2` through the same detection, 2 steps.
@@ -65,17 +66,14 @@ def reference(tmp_path_factory):
   return workdir, runs.scalars(workdir)
 
 
-def test_two_processes_match_one_process_and_resume(tmp_path, reference):
+def test_two_processes_started_with_flags_match_one_process(tmp_path, reference):
   ref_dir, want = reference
   multi_dir = str(tmp_path / "two_processes")
-  first = runs.launch_two(multi_dir, ["--config.trainer.total_steps=1"])
-  second = runs.launch_two(multi_dir, ["--config.trainer.total_steps=2"])  # resumes at step 1
-  assert "over 4 devices (2 processes)" in first[0]
-  assert "resumed from" in second[0] and "done at step 2" in second[0]
-  # Process 0 alone prints progress and writes events (one file per launch).
-  assert "step 1/1 [" in first[0] and "step 1/1 [" not in first[1]
-  assert "step 2/2 [" not in second[1]
-  assert len(glob.glob(os.path.join(multi_dir, "events.out.tfevents.*"))) == 2
+  outs = runs.launch_two(multi_dir, ["--config.trainer.total_steps=2"])
+  assert "over 4 devices (2 processes)" in outs[0] and "done at step 2" in outs[0]
+  # Process 0 alone prints progress and writes events.
+  assert "step 2/2 [" in outs[0] and "step 2/2 [" not in outs[1]
+  assert len(glob.glob(os.path.join(multi_dir, "events.out.tfevents.*"))) == 1
   assert {
       ("train/success", 2),
       ("val/success", 2),
@@ -135,8 +133,15 @@ def test_slurm_job_stopped_by_the_scheduler_resumes_when_requeued(slurm, tmp_pat
   ref_dir, want = reference
   workdir, log = str(tmp_path / "run"), str(tmp_path / "job.log")
   job = slurm.submit(
-      ["--ntasks-per-node=2", "--cpus-per-task=1", f"--output={log}",
-       "experiments/launch/slurm.sh", *runs.SMOKE[1:], *_MESH, f"--workdir={workdir}"],
+      [
+          "--ntasks-per-node=2",
+          "--cpus-per-task=1",
+          f"--output={log}",
+          "experiments/launch/slurm.sh",
+          *runs.SMOKE[1:],
+          *_MESH,
+          f"--workdir={workdir}",
+      ],
       env=_job_env(),
       cwd=ROOT,
   )  # yapf: disable
@@ -170,9 +175,9 @@ def test_slurm_script_requeues_a_run_that_ended_near_its_time_limit(slurm, tmp_p
   marks = tmp_path / "runs"
   stub = _stub(
       tmp_path,
-      f'echo run >> {marks}\n'
+      f"echo run >> {marks}\n"
       f'if [ "$(wc -l < {marks})" -ge 2 ]; then '
-      'scontrol update JobId=$SLURM_JOB_ID TimeLimit=30; fi\n',
+      "scontrol update JobId=$SLURM_JOB_ID TimeLimit=30; fi\n",
   )
   log = str(tmp_path / "job.log")
   job = slurm.submit(
@@ -205,8 +210,11 @@ def test_slurm_a_failing_task_ends_the_job(slurm, tmp_path):
 def test_slurm_launch_outside_srun_says_to_use_srun(slurm, tmp_path):
   log = str(tmp_path / "job.log")
   job = slurm.submit(
-      ["--ntasks-per-node=2", f"--output={log}",
-       f"--wrap={sys.executable} launch.py --config=configs/sokoban_ppo.py:smoke"],
+      [
+          "--ntasks-per-node=2",
+          f"--output={log}",
+          f"--wrap={sys.executable} launch.py --config=configs/sokoban_ppo.py:smoke",
+      ],
       env=_job_env(),
       cwd=ROOT,
   )  # yapf: disable
@@ -226,9 +234,21 @@ def test_openmpi_two_processes_match_one_process(tmp_path, reference):
   workdir = str(tmp_path / "run")
   env = runs.env(2)
   proc = subprocess.run(
-      [mpirun, "-np", "2", "--allow-run-as-root", "--oversubscribe", "-x", "XLA_FLAGS",
-       "-x", "JAX_PLATFORMS", sys.executable, *runs.SMOKE, f"--workdir={workdir}",
-       "--config.trainer.total_steps=2"],
+      [
+          mpirun,
+          "-np",
+          "2",
+          "--allow-run-as-root",
+          "--oversubscribe",
+          "-x",
+          "XLA_FLAGS",
+          "-x",
+          "JAX_PLATFORMS",
+          sys.executable,
+          *runs.SMOKE,
+          f"--workdir={workdir}",
+          "--config.trainer.total_steps=2",
+      ],
       cwd=ROOT,
       env=env,
       capture_output=True,

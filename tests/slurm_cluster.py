@@ -84,9 +84,17 @@ class LocalSlurm:
     self.socket = os.path.join(munge_dir, "socket")
     self._daemon(
         "munged",
-        ["runuser", "-u", "munge", "--", _which("munged"), f"--socket={self.socket}",
-         f"--pid-file={munge_dir}/munged.pid", f"--seed-file={munge_dir}/seed",
-         f"--log-file={munge_dir}/munged.log"],
+        [
+            "runuser",
+            "-u",
+            "munge",
+            "--",
+            _which("munged"),
+            f"--socket={self.socket}",
+            f"--pid-file={munge_dir}/munged.pid",
+            f"--seed-file={munge_dir}/seed",
+            f"--log-file={munge_dir}/munged.log",
+        ],
         os.path.join(munge_dir, "munged.pid"),
     )  # yapf: disable
     ctld_port, node_port = _free_port(), _free_port()
@@ -125,13 +133,17 @@ class LocalSlurm:
     with open(self.conf, "w", encoding="utf-8") as f:
       f.write("\n".join(lines) + "\n")
     self._daemon("slurmctld", [_which("slurmctld"), "-f", self.conf], f"{d}/slurmctld.pid")
-    self._daemon("slurmd", [_which("slurmd"), "-f", self.conf, "-N", "localhost"], f"{d}/slurmd.pid")
+    self._daemon(
+        "slurmd", [_which("slurmd"), "-f", self.conf, "-N", "localhost"], f"{d}/slurmd.pid"
+    )
     deadline = time.monotonic() + self.start_timeout_s
     while time.monotonic() < deadline:
       if self.client(["sinfo", "-h", "-o", "%t"], check=False).strip() == "idle":
         return
       time.sleep(0.5)
-    raise Unavailable(f"the node did not become idle in {self.start_timeout_s:.0f} s:\n{self.logs()}")
+    raise Unavailable(
+        f"the node did not become idle in {self.start_timeout_s:.0f} s:\n{self.logs()}"
+    )
 
   def _daemon(self, name: str, command: List[str], pid_file: str) -> None:
     """Starts a daemon that forks and writes `pid_file`; waits for the file."""
