@@ -18,7 +18,8 @@ relative; the validation trajectories are the same.
   stops the job, which saves the checkpoint both processes write; `scontrol requeue` runs it
   again and it resumes to step 3. The
   script's own requeue (a run that ended with little time left), a failing task taking the job
-  down, and `launch.py` outside srun, each with stub or real commands, in seconds.
+  down, and `launch.py` outside srun, each with stub or real commands, in seconds; a cluster that
+  does not come up in time is torn down, no daemon left.
 - Open MPI: `mpirun -np 2` through the same detection, 2 steps.
 Each launch has a timeout and a process that dies takes its peer down, so a deadlock fails the
 test instead of hanging it. Without Debian's slurm or openmpi packages those tests skip, saying
@@ -96,6 +97,19 @@ def slurm(tmp_path_factory):
       yield cluster
   except slurm_cluster.Unavailable as e:
     pytest.skip(f"no local SLURM cluster: {e}")
+
+
+def test_a_cluster_that_does_not_come_up_is_torn_down(tmp_path):
+  if slurm_cluster.missing():
+    pytest.skip(f"no local SLURM cluster: {slurm_cluster.missing()}")
+  cluster = slurm_cluster.LocalSlurm(str(tmp_path), start_timeout_s=0)
+  with pytest.raises(slurm_cluster.Unavailable, match="did not become idle in 0 s"):
+    with cluster:
+      pass
+  assert len(cluster.pids) == 3  # munged, slurmctld, slurmd: each stopped by its pid file
+  for pid in cluster.pids:
+    with pytest.raises(ProcessLookupError):
+      os.kill(pid, 0)
 
 
 def _job_env(**extra):

@@ -44,6 +44,18 @@ def _which(name: str) -> Optional[str]:
   return shutil.which(name, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")
 
 
+def missing() -> Optional[str]:
+  """Why this machine cannot host the cluster, or None."""
+  absent = [b for b in _BINARIES if _which(b) is None]
+  if absent:
+    return f"no {', '.join(absent)}: apt-get install slurmctld slurmd slurm-client munge"
+  if os.geteuid() != 0:
+    return "the local SLURM cluster runs its daemons as root"
+  if not os.path.exists(_KEY):
+    return f"no {_KEY} (the munge package writes it)"
+  return None
+
+
 class LocalSlurm:
   """One node, `localhost`, with `cpus` CPUs, in partition `ci` (see the module doc)."""
 
@@ -53,19 +65,14 @@ class LocalSlurm:
     self.conf = os.path.join(self.dir, "slurm.conf")
     self._pid_files: List[str] = []
     self._munge_dir = None
+    self.pids: List[int] = []  # the daemons it started, as their pid files named them
 
   # ------------------------------------------------------------------ up and down
 
   def __enter__(self) -> "LocalSlurm":
-    missing = [b for b in _BINARIES if _which(b) is None]
-    if missing:
-      raise Unavailable(
-          f"no {', '.join(missing)}: apt-get install slurmctld slurmd slurm-client munge"
-      )
-    if os.geteuid() != 0:
-      raise Unavailable("the local SLURM cluster runs its daemons as root")
-    if not os.path.exists(_KEY):
-      raise Unavailable(f"no {_KEY} (the munge package writes it)")
+    reason = missing()
+    if reason:
+      raise Unavailable(reason)
     try:
       self._start()
     except BaseException:
@@ -166,6 +173,7 @@ class LocalSlurm:
           pid = int(f.read().strip())
       except (OSError, ValueError):
         continue
+      self.pids.append(pid)
       self._stop(pid)
     if self._munge_dir:
       shutil.rmtree(self._munge_dir, ignore_errors=True)
