@@ -252,7 +252,9 @@ def test_train_step_stage_uses_kept_groups_and_each_tokens_turn():
   r[:4] = rng.integers(-4, 5, (4, k)) / 4  # group 0: spread; group 1: all zero
   m = np.ones((b, k), np.int32)
   m[2, 2] = 0  # one episode ended after two turns
-  keys = rng.integers(0, 2, (b, k)).astype(np.int32)
+  # Group 0: key 0 four times, key 1 three times, the rest alone; group 1: one key throughout.
+  keys = np.zeros((b, k), np.int32)
+  keys[:4] = [[0, 1, 2], [0, 1, 3], [0, 4, 5], [0, 1, 6]]
   groups = np.repeat([0, 1], 4).astype(np.int32)
   token_turns = np.full((b, t), -1, np.int32)
   for j in range(k):
@@ -284,4 +286,12 @@ def test_train_step_stage_uses_kept_groups_and_each_tokens_turn():
       on = token_turns[i] >= 0
       want[on] = episode[i] + step[i, token_turns[i, on]]
     np.testing.assert_allclose(got[i], want, atol=1e-5)
-  assert adv.step_group_share is not None and 0 < float(adv.step_group_share) <= 1
+  # The share counts the kept episodes' turns alone.
+  sizes = {}
+  for i in range(4):
+    for j in range(k):
+      if m[i, j]:
+        sizes[keys[i, j]] = sizes.get(keys[i, j], 0) + 1
+  share = sum(n for n in sizes.values() if n > 1) / sum(sizes.values())
+  assert share == 7 / 11  # 19 / 23 with group 1's turns counted
+  np.testing.assert_allclose(float(adv.step_group_share), share, atol=1e-6)

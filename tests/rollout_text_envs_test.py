@@ -213,14 +213,18 @@ def test_a_failed_episode_takes_its_groups_mean_score():
 
 def test_text_states_are_keyed_by_their_observation():
   """GiGPO's state keys of a text environment: equal exactly when the observations are, at any
-  turn. Words shows "start", then "after <the last action>"."""
-  words = ["Alpha", "Alpha", "Beta", "Beta"]
+  turn. The words show "start", then "after <the last action>" (texts of one length)."""
+
+  class SameLength(Words):
+    action_names = ("Alpha", "Gamma")
+
+  words = ["Alpha", "Alpha", "Gamma", "Gamma"]
   policy = lambda state, ep: words[ep.index_in_group]
-  result = play(envs.registry.HostEnv("words", Words), config(env_groups=1, group_size=4),
+  result = play(envs.registry.HostEnv("words", SameLength), config(env_groups=1, group_size=4),
                 policy=policy)  # fmt: skip
   keys = np.asarray(result.batch.turns.state_keys_BxK)
   assert (keys[:, 0] == keys[0, 0]).all()  # "start"
-  assert keys[0, 1] == keys[1, 1] == keys[0, 2] != keys[2, 1] == keys[3, 2]  # "after Alpha" / Beta
+  assert keys[0, 1] == keys[1, 1] == keys[0, 2] != keys[2, 1] == keys[3, 2]  # "after Alpha" / Gamma
   assert keys[0, 0] not in keys[:, 1:]
 
 
