@@ -7,7 +7,7 @@ Every function is pure jnp and jit-able; none of them carries gradient in the tr
 Dimensions:
   B: episodes (sequences) in the batch.
   T: token positions of a sequence.
-  K: turns of an episode (GiGPO); N: entries of a flattened array (N = B or B·K).
+  K: turns of an episode (GiGPO); N: entries of a flattened array (N = B or B·K); S: segments.
 
 Names carry their shape as a suffix: `mask_BxT` is [B, T], `scores_B` is [B].
 """
@@ -238,11 +238,10 @@ def segment_stats(x_N, keys, valid_N):
   x_N = x_N.astype(jnp.float32)
   # lexsort's last key is the primary one: valid entries first, then by the keys in order.
   order_N = jnp.lexsort(tuple(reversed(keys)) + (~valid_N,))
-  sorted_keys = [k[order_N] for k in keys] + [valid_N[order_N]]
-  new_N = jnp.zeros(n, bool).at[0].set(True)
-  for k in sorted_keys:
-    new_N = new_N | jnp.concatenate([jnp.ones(1, bool), k[1:] != k[:-1]])
-  seg_N = jnp.cumsum(new_N) - 1
+  new_N = jnp.zeros(n, bool)  # True where a segment starts (the first entry always does)
+  for key_N in [k[order_N] for k in keys] + [valid_N[order_N]]:
+    new_N = new_N | jnp.concatenate([jnp.ones(1, bool), key_N[1:] != key_N[:-1]])
+  seg_N = jnp.cumsum(new_N) - 1  # S: segment ids (at most N)
   w_N = valid_N[order_N].astype(jnp.float32)
   xs_N = x_N[order_N]
   count_S = jax.ops.segment_sum(w_N, seg_N, num_segments=n)
