@@ -3,6 +3,7 @@
 Dimensions:
   B: episodes (env_groups x group_size), one sequence each.
   T: tokens of the whole conversation (system, user turns, assistant turns), left-padded.
+  K: turns of an episode (rollout.max_turns), played turns first.
 
 Token conventions (shared by rollout, advantages and losses):
   * `logprobs_BxT[b, t]` is log p(tokens[b, t] | tokens[b, :t]): the value sits at the position of
@@ -18,6 +19,18 @@ import jax
 
 
 @struct.dataclass
+class TurnBatch:
+  """Per-turn records of each episode, for turn-level credit (GiGPO). Indexed by turn, not by
+  token, so a layout with one training row per turn reads the same arrays."""
+
+  rewards_BxK: jax.Array  # float32, each turn's reward (environment + penalties); sums to score
+  mask_BxK: jax.Array  # int32, 1 on the played turns of episodes without an environment fault
+  state_keys_BxK: jax.Array  # int32, the state before the turn's action: equal keys in one
+  # env group <=> identical states (of JAX states or text observations; 0 on invalid turns)
+  token_turns_BxT: jax.Array  # int32, the turn of each sampled token (K indices); -1 elsewhere
+
+
+@struct.dataclass
 class RolloutBatch:
   """One sequence per episode. The rollout engine returns it with numpy arrays (a host batch);
   the trainer joins the tags' batches and places the result on the devices once."""
@@ -29,3 +42,4 @@ class RolloutBatch:
   token_rewards_BxT: jax.Array  # float32, rewards placed on tokens
   group_ids_B: jax.Array  # int32, episodes of one env group share a start state
   scores_B: jax.Array  # float32, episode return (the outcome score for GRPO / filtering)
+  turns: TurnBatch | None = None  # per-turn records (the rollout always fills them)

@@ -17,6 +17,7 @@ import pytest
 from ragen_jax import algos
 from ragen_jax import models
 from ragen_jax.batch import RolloutBatch
+from ragen_jax.batch import TurnBatch
 
 MODEL = models.ModelConfig(
     vocab_size=16,
@@ -53,6 +54,16 @@ def _batch(actor, key) -> RolloutBatch:
   loss_BxT = np.zeros((EPISODES, T), np.int32)
   loss_BxT[:, [FIRST, SECOND]] = 1
   scores_B = (first == A).astype(jnp.float32)
+  # Per-turn records (GiGPO): both first replies act from the prompt, the second ones from the
+  # state the first reply made; the reward is the second turn's.
+  token_turns = np.full((EPISODES, T), -1, np.int32)
+  token_turns[:, FIRST], token_turns[:, SECOND] = 0, 1
+  turns = TurnBatch(
+      rewards_BxK=jnp.stack([jnp.zeros(EPISODES), scores_B], axis=1),
+      mask_BxK=jnp.ones((EPISODES, 2), jnp.int32),
+      state_keys_BxK=jnp.stack([jnp.zeros(EPISODES, jnp.int32), first], axis=1),
+      token_turns_BxT=jnp.asarray(token_turns),
+  )
   return RolloutBatch(
       tokens_BxT=tokens_BxT,
       attention_mask_BxT=jnp.ones((EPISODES, T), jnp.int32),
@@ -61,6 +72,7 @@ def _batch(actor, key) -> RolloutBatch:
       token_rewards_BxT=jnp.zeros((EPISODES, T)).at[:, -1].set(scores_B),
       group_ids_B=jnp.repeat(jnp.arange(GROUPS, dtype=jnp.int32), GROUP_SIZE),
       scores_B=scores_B,
+      turns=turns,
   )
 
 

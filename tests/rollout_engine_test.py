@@ -305,11 +305,13 @@ def test_scripted_budget_and_turn_scores(monkeypatch, model):
   rewards, loss = np.asarray(result.batch.token_rewards_BxT), np.asarray(result.batch.loss_mask_BxT)
   reset, _ = env_batch.env_functions(env)
   starts = reset(jax.vmap(jax.random.key)(jnp.array([3, 3, 4, 4])))
+  turns, before_states = result.batch.turns, {}  # (episode, turn) -> replayed pre-action state
   for i in range(4):
     # Replay: at most 2 actions a turn, 3 in all; the episode ends when the lake says done or
     # the budget is spent.
     state, left, turn_rewards, actions = jax.tree.map(lambda x, i=i: x[i], starts), 3, [], 0
     for reply in replies[i][: config.max_turns]:
+      before_states[i, len(turn_rewards)] = jax.device_get(state)
       wanted, penalised = parsed[reply]
       before, env_reward = env.render(state), 0.0
       for action in wanted[:left]:
@@ -329,6 +331,22 @@ def test_scripted_budget_and_turn_scores(monkeypatch, model):
     want[ends] = turn_rewards
     np.testing.assert_allclose(rewards[i], want, atol=1e-6)  # values near 0: an absolute bound
     np.testing.assert_allclose(float(result.batch.scores_B[i]), sum(turn_rewards), rtol=1e-6)
+    # The per-turn records (GiGPO): each turn's reward, its valid mark and its tokens' turn.
+    n = len(turn_rewards)
+    np.testing.assert_allclose(turns.rewards_BxK[i, :n], turn_rewards, atol=1e-6)
+    assert turns.mask_BxK[i].tolist() == [1] * n + [0] * (config.max_turns - n)
+    want_turns = np.full(rewards.shape[1], -1)
+    for j, (a, b) in enumerate(segments(loss[i])):
+      want_turns[a:b] = j
+    np.testing.assert_array_equal(turns.token_turns_BxT[i], want_turns)
+  # State keys: within a group, two turns share a key exactly when the replayed states before
+  # them are equal leaf for leaf.
+  for (i, j), x in before_states.items():
+    for (i2, j2), y in before_states.items():
+      if i // 2 == i2 // 2:
+        same = all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(x), jax.tree.leaves(y)))
+        assert (turns.state_keys_BxK[i, j] == turns.state_keys_BxK[i2, j2]) == same
+  assert turns.state_keys_BxK[0, 0] == turns.state_keys_BxK[1, 0]  # a group's shared start
   # Seeds 3 and 4 start at the left edge: Left never moves, so every turn pays -0.5 (and -0.1
   # more when penalised), and every turn's reward, not only the last, is non-zero.
   assert m["num_turns"].tolist() == [2, 3, 2, 5]

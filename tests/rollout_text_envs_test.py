@@ -207,7 +207,25 @@ def test_a_failed_episode_takes_its_groups_mean_score():
   result = play(envs.registry.HostEnv("picky", Picky), cfg, policy=policy)
   assert result.metrics["env_error"].tolist() == [0.0, 0.0, 0.0, 1.0]
   np.testing.assert_allclose(result.batch.scores_B, [2.0, 2.0, 2.0, 2.0])
+  assert result.batch.turns.mask_BxK.tolist() == [[1, 1]] * 3 + [[0, 0]]  # GiGPO skips it
   del env
+
+
+def test_text_states_are_keyed_by_their_observation():
+  """GiGPO's state keys of a text environment: equal exactly when the observations are, at any
+  turn. The words show "start", then "after <the last action>" (texts of one length)."""
+
+  class SameLength(Words):
+    action_names = ("Alpha", "Gamma")
+
+  words = ["Alpha", "Alpha", "Gamma", "Gamma"]
+  policy = lambda state, ep: words[ep.index_in_group]
+  result = play(envs.registry.HostEnv("words", SameLength), config(env_groups=1, group_size=4),
+                policy=policy)  # fmt: skip
+  keys = np.asarray(result.batch.turns.state_keys_BxK)
+  assert (keys[:, 0] == keys[0, 0]).all()  # "start"
+  assert keys[0, 1] == keys[1, 1] == keys[0, 2] != keys[2, 1] == keys[3, 2]  # "after Alpha" / Gamma
+  assert keys[0, 0] not in keys[:, 1:]
 
 
 def test_process_pool_plays_the_same_episodes_as_threads():

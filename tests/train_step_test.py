@@ -14,6 +14,7 @@ import pytest
 from ragen_jax import algos
 from ragen_jax import models
 from ragen_jax.batch import RolloutBatch
+from ragen_jax.batch import TurnBatch
 
 MODEL = models.ModelConfig(
     vocab_size=64,
@@ -318,6 +319,29 @@ def test_repeated_steps_lower_the_losses_without_recompiling(adamw_setup):
   # Other contents with the same shapes (and a fully filtered batch below) reuse the program
   # (the fixture's chex.assert_max_traces fails a retrace).
   state, _ = step(state, make_batch(seed=7), jax.random.key(9))
+
+
+def test_turn_records_leave_a_gae_step_unchanged():
+  """The rollout's per-turn records (read by GiGPO alone) change nothing in another estimator's
+  step: the same parameters and metrics, bit for bit."""
+  actor = models.create(MODEL, jax.random.key(0))
+  cfg = algos.PPOConfig(num_minibatches=2, filter_include_zero=False, vocab_chunk=32)
+  token_turns = np.where(np.asarray(make_batch().loss_mask_BxT) > 0, 0, -1).astype(np.int32)
+  turns = TurnBatch(
+      rewards_BxK=jnp.ones((B, 2)),
+      mask_BxK=jnp.ones((B, 2), jnp.int32),
+      state_keys_BxK=jnp.zeros((B, 2), jnp.int32),
+      token_turns_BxT=jnp.asarray(token_turns),
+  )
+  results = []
+  for batch in (make_batch(), make_batch().replace(turns=turns)):
+    state = algos.init_train_state(actor, None, cfg, jax.random.key(1))
+    step = algos.make_train_step(actor, None, cfg, compiler_options=FAST)
+    state, metrics = step(state, batch, jax.random.key(2))
+    results.append(snapshot((state.actor_params, state.critic_params, metrics)))
+  assert "gigpo/step_group_share" not in results[0][2]
+  for a, b in zip(jax.tree.leaves(results[0]), jax.tree.leaves(results[1])):
+    np.testing.assert_array_equal(a, b)
 
 
 def test_rollout_probs_diff_compares_sampler_and_training_probabilities(adamw_setup):

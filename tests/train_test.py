@@ -465,15 +465,21 @@ def test_sft_only_config_fine_tunes_validates_and_saves_step_0(tmp_path):
   ckpt.close()
 
 
-def test_mixed_environments_share_one_batch(tmp_path):
+@pytest.mark.parametrize("estimator", ["gae", "gigpo"])
+def test_mixed_environments_share_one_batch(tmp_path, estimator):
+  """GiGPO too: the environments' turn records (state keys hashed on the device) join."""
   config = smoke_config(os.path.join(ROOT, "configs", "mixed_ppo.py") + ":smoke")
   with config.unlocked():
     config.trainer.total_steps = 1
     config.sft.steps = 0
+    config.ppo.adv_estimator = estimator
   summary = trainer.train(config, str(tmp_path / "mixed"))
   for tag in ("frozenlake", "bandit"):
     assert f"train/{tag}/success" in summary and f"val/{tag}/success" in summary
   assert summary["train/batch_size"] == 2 * 2 * 2
+  # Every group's first turns act from its shared start state, so some share is positive.
+  assert (estimator == "gigpo") == ("gigpo/step_group_share" in summary)
+  assert summary.get("gigpo/step_group_share", 1.0) > 0
 
 
 def test_join_batches_pads_and_offsets_group_ids():
@@ -505,3 +511,30 @@ def test_join_batches_pads_and_offsets_group_ids():
   assert cut.tokens_BxT.shape == (4, 8)
   np.testing.assert_array_equal(cut.tokens_BxT[0], [0, 0] + [9] * 6)
   np.testing.assert_array_equal(cut.attention_mask_BxT[3], [0] * 5 + [1] * 3)
+
+
+def test_join_batches_pads_the_turn_records():
+  from ragen_jax.batch import RolloutBatch, TurnBatch  # pylint: disable=g-import-not-at-top
+
+  def batch(b, t, k):
+    ones = np.ones((b, t), np.int32)
+    token_turns = np.full((b, t), -1, np.int32)
+    token_turns[:, -1] = k - 1
+    turns = TurnBatch(
+        rewards_BxK=np.ones((b, k), np.float32),
+        mask_BxK=np.ones((b, k), np.int32),
+        state_keys_BxK=np.full((b, k), k, np.int32),
+        token_turns_BxT=token_turns,
+    )
+    return RolloutBatch(ones, ones, ones, ones * 0.5, ones * 0.0, np.zeros(b, np.int32),
+                        np.zeros(b, np.float32), turns)  # fmt: skip
+
+  joined = batching.join_batches([batch(2, 5, 3), batch(2, 9, 1)], pad_multiple=4, pad_id=0)
+  turns = joined.turns
+  assert turns.mask_BxK.tolist() == [[1, 1, 1]] * 2 + [[1, 0, 0]] * 2  # padded turns: invalid
+  assert turns.state_keys_BxK[3].tolist() == [1, 0, 0]
+  assert turns.token_turns_BxT.shape == joined.tokens_BxT.shape == (4, 12)
+  assert turns.token_turns_BxT[0].tolist() == [-1] * 11 + [2]
+  # Batches without records (hand-built ones) join without them.
+  plain = batch(2, 5, 1).replace(turns=None)
+  assert batching.join_batches([plain, plain], pad_multiple=4, pad_id=0).turns is None

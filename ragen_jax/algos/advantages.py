@@ -1,5 +1,5 @@
 """Advantage estimators: GAE with observation skipping, bi-level (turn, token) GAE, GRPO and the
-outcome family.
+outcome family, and GiGPO's critic-free turn-level credit.
 
 Follows veRL's mathematics (shared/reference/rl_math.md §1.1, §2, §3) as pinned by RAGEN.
 Every function is pure jnp and jit-able; none of them carries gradient in the trainer.
@@ -7,10 +7,12 @@ Every function is pure jnp and jit-able; none of them carries gradient in the tr
 Dimensions:
   B: episodes (sequences) in the batch.
   T: token positions of a sequence.
+  K: turns of an episode (GiGPO); N: entries of a flattened array (N = B or B·K); S: segments.
 
 Names carry their shape as a suffix: `mask_BxT` is [B, T], `scores_B` is [B].
 """
 
+import jax
 from jax import lax
 import jax.numpy as jnp
 
@@ -218,3 +220,134 @@ def explained_variance(values_BxT, returns_BxT, mask_BxT):
   var_resid = masked_var(returns_BxT - values_BxT, mask_BxT)
   var_ret = masked_var(returns_BxT, mask_BxT)
   return 1.0 - var_resid / (var_ret + 1e-5)
+
+
+# ---------------------------------------------------------------- GiGPO (turn-level credit)
+
+GIGPO_NORMS = ("mean", "mean_std")  # verl-agent's mean_norm (its default) and mean_std_norm
+
+
+def segment_stats(x_N, keys, valid_N):
+  """Per-entry statistics of its segment: the valid entries that agree on every array of `keys`.
+
+  Returns (mean_N, unbiased std_N, count_N); a segment of one has std 0, and invalid entries
+  count 0 and get mean 0. Sort-based, O(N log N), so N = B·K turns stays cheap where the
+  O(B²) comparison of `group_mean_std` would not.
+  """
+  n = x_N.shape[0]
+  x_N = x_N.astype(jnp.float32)
+  # lexsort's last key is the primary one: valid entries first, then by the keys in order.
+  order_N = jnp.lexsort(tuple(reversed(keys)) + (~valid_N,))
+  new_N = jnp.zeros(n, bool)  # True where a segment starts (the first entry always does)
+  for key_N in [k[order_N] for k in keys] + [valid_N[order_N]]:
+    new_N = new_N | jnp.concatenate([jnp.ones(1, bool), key_N[1:] != key_N[:-1]])
+  seg_N = jnp.cumsum(new_N) - 1  # S: segment ids (at most N)
+  w_N = valid_N[order_N].astype(jnp.float32)
+  xs_N = x_N[order_N]
+  count_S = jax.ops.segment_sum(w_N, seg_N, num_segments=n)
+  mean_S = jax.ops.segment_sum(w_N * xs_N, seg_N, num_segments=n) / jnp.maximum(count_S, 1.0)
+  sq_S = jax.ops.segment_sum(w_N * jnp.square(xs_N - mean_S[seg_N]), seg_N, num_segments=n)
+  std_S = jnp.where(count_S >= 2, jnp.sqrt(sq_S / jnp.maximum(count_S - 1.0, 1.0)), 0.0)
+  unsort = lambda s_S: jnp.zeros(n, s_S.dtype).at[order_N].set(s_S[seg_N])
+  valid_f = valid_N.astype(jnp.float32)
+  return unsort(mean_S) * valid_f, unsort(std_S) * valid_f, unsort(count_S) * valid_f
+
+
+def _group_normalise(x_N, mean_N, std_N, count_N, norm, eps):
+  """x − mean (`mean`), or (x − mean)/(std + eps) (`mean_std`); 0 in a group of fewer than two."""
+  centred_N = x_N - mean_N
+  if norm == "mean_std":
+    centred_N = centred_N / (std_N + eps)
+  elif norm != "mean":
+    raise ValueError(f"gigpo norm must be one of {GIGPO_NORMS}, got {norm!r}")
+  return jnp.where(count_N >= 2, centred_N, 0.0)
+
+
+def discounted_turn_returns(turn_rewards_BxK, turn_mask_BxK, gamma):
+  """R_t = Σ_{j ≥ t, j valid} γ^(j−t)·r_j: each turn's discounted return over the episode's later
+  valid turns (the exponent counts turn indices). K is small, so a [K, K] weight table."""
+  k = turn_rewards_BxK.shape[1]
+  ahead_KxK = jnp.arange(k)[None, :] - jnp.arange(k)[:, None]  # j − t
+  w_KxK = jnp.where(ahead_KxK >= 0, jnp.power(gamma, jnp.maximum(ahead_KxK, 0)), 0.0)
+  r_BxK = jnp.where(turn_mask_BxK, turn_rewards_BxK.astype(jnp.float32), 0.0)
+  # An elementwise sum, not a matmul (accelerators' default matmul precision rounds).
+  return jnp.sum(r_BxK[:, None, :] * w_KxK[None].astype(jnp.float32), axis=-1)
+
+
+def gigpo_terms(turn_rewards_BxK, turn_mask_BxK, state_keys_BxK, group_ids_B, *, gamma, norm, eps):
+  """(episode_adv_B, A_S step_adv_BxK without ω, step_group_size_BxK): see `gigpo`."""
+  mask_BxK = turn_mask_BxK > 0
+  b, k = mask_BxK.shape
+  valid_B = jnp.any(mask_BxK, axis=1)  # an episode without a valid turn counts nowhere
+  score_B = jnp.sum(jnp.where(mask_BxK, turn_rewards_BxK.astype(jnp.float32), 0.0), axis=1)
+  e_mean, e_std, e_count = segment_stats(score_B, (group_ids_B,), valid_B)
+  episode_adv_B = _group_normalise(score_B, e_mean, e_std, e_count, norm, eps)
+  returns_N = discounted_turn_returns(turn_rewards_BxK, mask_BxK, gamma).reshape(-1)
+  groups_N = jnp.broadcast_to(group_ids_B[:, None], (b, k)).reshape(-1)
+  s_mean, s_std, s_count = segment_stats(
+      returns_N, (groups_N, state_keys_BxK.reshape(-1)), mask_BxK.reshape(-1)
+  )
+  step_adv_N = _group_normalise(returns_N, s_mean, s_std, s_count, norm, eps)
+  return episode_adv_B, step_adv_N.reshape(b, k), s_count.reshape(b, k)
+
+
+def gigpo(
+    turn_rewards_BxK,
+    turn_mask_BxK,
+    state_keys_BxK,
+    group_ids_B,
+    *,
+    gamma,
+    omega,
+    norm,
+    eps=GRPO_EPS,
+):
+  """GiGPO's two advantages (arXiv 2505.10978; verl-agent's rules, per-episode counting).
+
+  K is the turn axis. Episode level: score_b = Σ_k r_bk over valid turns; within its group (equal
+  `group_ids_B` among episodes with a valid turn, each counted once)
+    A_E = score − mean        (`mean`),   or (score − mean)/(std + eps)   (`mean_std`, ddof 1).
+  Step level: R_bk = `discounted_turn_returns`; valid turns of one group with equal integer state
+  keys form a step group, A_S = R − its mean (or /(std + eps)).
+  A group of one (episode or step) gets 0: it has no baseline but itself (verl-agent keeps a lone
+  episode's raw score instead).
+
+  Returns:
+    (episode_adv_B, step_adv_BxK): A_E, and ω·A_S (0 on invalid turns), so a token of turn k
+    trains on episode_adv_B[b] + step_adv_BxK[b, k].
+  """
+  episode_adv_B, step_adv_BxK, _ = gigpo_terms(
+      turn_rewards_BxK, turn_mask_BxK, state_keys_BxK, group_ids_B, gamma=gamma, norm=norm, eps=eps
+  )
+  return episode_adv_B, omega * step_adv_BxK
+
+
+def gigpo_token_advantages(
+    turn_rewards_BxK,
+    turn_mask_BxK,
+    state_keys_BxK,
+    token_turns_BxT,
+    group_ids_B,
+    response_mask_BxT,
+    *,
+    gamma,
+    omega,
+    norm,
+):
+  """GiGPO over the sequence layout: (advantages_BxT, returns_BxT, step_group_share).
+
+  Each sampled token (response_mask_BxT) carries A_E + ω·A_S of its turn (`token_turns_BxT`,
+  -1 off the replies). `step_group_share` is the share of valid turns whose step group holds
+  more than one turn: 0 means the step level has nothing to compare.
+  """
+  mask_BxK = turn_mask_BxK > 0
+  episode_adv_B, step_adv_BxK, count_BxK = gigpo_terms(
+      turn_rewards_BxK, mask_BxK, state_keys_BxK, group_ids_B, gamma=gamma, norm=norm, eps=GRPO_EPS
+  )
+  turn_adv_BxK = episode_adv_B[:, None] + omega * step_adv_BxK
+  k = turn_adv_BxK.shape[1]
+  tokens_BxT = jnp.take_along_axis(turn_adv_BxK, jnp.clip(token_turns_BxT, 0, k - 1), axis=1)
+  on_turn_BxT = (response_mask_BxT > 0) & (token_turns_BxT >= 0)
+  adv_BxT = jnp.where(on_turn_BxT, tokens_BxT, 0.0)
+  share = masked_mean((count_BxK >= 2).astype(jnp.float32), mask_BxK)
+  return adv_BxT, adv_BxT, share

@@ -9,14 +9,19 @@ Dimensions: none here (scalars only); B in `check_batch` is the number of episod
 import dataclasses
 from typing import Annotated
 
+from absl import logging
+
+from ragen_jax.algos.advantages import GIGPO_NORMS
 from ragen_jax.algos.filtering import STRATEGIES
 from ragen_jax.algos.losses import AGG_MODES, KL_KINDS
 from ragen_jax.algos.optim import MOMENT_DTYPES
 from ragen_jax.config_checks import check_fields, check_value, Range
 from ragen_jax.config_checks import NonNegativeFloat, PositiveFloat, PositiveInt, UnitFloat
 
-ADV_ESTIMATORS = ("gae", "bi_level_gae", "grpo", "brpo", "arpo", "drgrpo")
+ADV_ESTIMATORS = ("gae", "bi_level_gae", "grpo", "brpo", "arpo", "drgrpo", "gigpo")
 CRITIC_ESTIMATORS = ("gae", "bi_level_gae")
+# Settings that only GAE and its critic read: under gigpo a changed one is named in a warning.
+CRITIC_FIELDS = ("gamma", "lam", "high_level_gamma", "critic", "critic_lr", "value_clip", "vf_coef")
 FILTER_METRICS = ("reward_variance", "reward", "reward_sum")
 
 
@@ -27,7 +32,12 @@ class PPOConfig:
   Attributes:
     adv_estimator: "gae" (PPO with critic), "bi_level_gae" (PPO with critic, turn-level GAE then
       token-level GAE inside each turn: advantages.compute_bi_level_gae), or critic-free "grpo"
-      (group mean/std), "drgrpo" (group mean only), "brpo" (batch mean/std), "arpo" (raw score).
+      (group mean/std), "drgrpo" (group mean only), "brpo" (batch mean/std), "arpo" (raw score),
+      "gigpo" (GiGPO: episode-level group advantage plus ω times the step-level advantage among
+      turns of a group acting from the same state: advantages.gigpo).
+    gigpo_omega, gigpo_gamma, gigpo_norm: GiGPO's step-level weight ω (verl-agent 1.0), its
+      discount across turns (0.95) and its normalisation, "mean" (subtract the group mean,
+      verl-agent's default) or "mean_std" (also divide by the sample std + 1e-6).
     gamma, lam: GAE discount and trace parameters.
     high_level_gamma: bi_level_gae's discount across turns (RAGEN 0.95).
     clip_low, clip_high, clip_c: PPO ratio clip range [1 − low, 1 + high] and dual-clip c > 1.
@@ -61,6 +71,9 @@ class PPOConfig:
   gamma: UnitFloat = 1.0
   lam: UnitFloat = 1.0
   high_level_gamma: UnitFloat = 0.95
+  gigpo_omega: NonNegativeFloat = 1.0
+  gigpo_gamma: UnitFloat = 0.95
+  gigpo_norm: str = "mean"
   clip_low: Annotated[float, Range(0, 1, open_low=True, open_high=True)] = 0.2
   clip_high: PositiveFloat = 0.28
   clip_c: Annotated[float, Range(1, open_low=True)] = 3.0
@@ -107,6 +120,18 @@ class PPOConfig:
         self.adv_estimator in ADV_ESTIMATORS,
         f"adv_estimator must be one of {ADV_ESTIMATORS}, got {self.adv_estimator!r}",
     )
+    check(
+        self.gigpo_norm in GIGPO_NORMS,
+        f"gigpo_norm must be one of {GIGPO_NORMS}, got {self.gigpo_norm!r}",
+    )
+    if self.adv_estimator == "gigpo":
+      ignored = [f"ppo.{f}" for f in CRITIC_FIELDS if getattr(self, f) != _DEFAULTS[f]]
+      if ignored:
+        logging.warning(
+            "ppo.adv_estimator='gigpo' has no critic; these settings are ignored: %s "
+            "(its discount is ppo.gigpo_gamma)",
+            ", ".join(ignored),
+        )
     check(
         self.moment_dtype in MOMENT_DTYPES,
         f"moment_dtype must be one of {MOMENT_DTYPES}, got {self.moment_dtype!r}",
@@ -164,3 +189,6 @@ class PPOConfig:
           f"PPOConfig: minibatch size {mini} is not divisible by "
           f"micro_batches {self.micro_batches}"
       )
+
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(PPOConfig)}

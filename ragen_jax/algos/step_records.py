@@ -103,6 +103,7 @@ class Advantages:
   returns_BxT: jax.Array
   values_BxT: jax.Array | None  # the critic's values, 0 at masked positions; None without one
   skipped: jax.Array  # bool: nothing to train on, the step is a no-op
+  step_group_share: jax.Array | None = None  # GiGPO: share of turns in step groups of 2+
 
 
 @flax.struct.dataclass

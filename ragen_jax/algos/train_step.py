@@ -8,7 +8,8 @@ Inside one compiled call, five stages (pure functions below, composed by `train_
   1. `order_and_filter`: the rollout filter as a keep mask over episodes (shapes never change),
      kept episodes moved first so that micro-batches holding none are not computed;
   2. `old_pass`: no-gradient log-probs, entropies, critic values and reference log-probs;
-  3. `advantages`: GAE with the critic (batch-global whitening) or outcome advantages;
+  3. `advantages`: GAE with the critic (batch-global whitening), outcome advantages or GiGPO's
+     per-turn ones (from the batch's turn records);
   4. `update`: `lax.scan` over PPO epochs and shuffled minibatches with gradient accumulation
      over micro-batches (summed in float32), updating actor and critic with AdamW (decoupled
      weight decay, global-norm clip; moments in `ppo.moment_dtype`, `optim`);
@@ -312,6 +313,8 @@ def advantages(cfg: PPOConfig, sel: Selection, old: OldPass) -> Advantages:
     )
     adv_BxT, returns_BxT = gae(batch.token_rewards_BxT, values_BxT, mask_BxT, cfg.gamma, cfg.lam)
     skipped = (~jnp.any(sel.keep_B)) | (n_tokens < 2)  # whitening needs two valid tokens
+  elif cfg.adv_estimator == "gigpo":
+    return _gigpo_advantages(cfg, sel, n_tokens)
   else:
     adv_BxT, returns_BxT = adv_lib.outcome_advantages(
         batch.scores_B, batch.group_ids_B, mask_BxT, cfg.adv_estimator, valid_B=sel.keep_B
@@ -322,6 +325,38 @@ def advantages(cfg: PPOConfig, sel: Selection, old: OldPass) -> Advantages:
     adv_BxT = jnp.maximum(adv_BxT, 0.0)
   return Advantages(
       adv_BxT=adv_BxT, returns_BxT=returns_BxT, values_BxT=values_BxT, skipped=skipped
+  )
+
+
+def _gigpo_advantages(cfg: PPOConfig, sel: Selection, n_tokens) -> Advantages:
+  """Stage 3 for GiGPO: per-turn advantages from the batch's turn records, over kept episodes."""
+  turns = sel.batch.turns
+  if turns is None:
+    raise ValueError(
+        "ppo.adv_estimator='gigpo' needs the batch's per-turn records (RolloutBatch.turns, "
+        "which the rollout fills)"
+    )
+  adv_BxT, returns_BxT, share = adv_lib.gigpo_token_advantages(
+      turns.rewards_BxK,
+      (turns.mask_BxK > 0) & sel.keep_B[:, None],
+      turns.state_keys_BxK,
+      turns.token_turns_BxT,
+      sel.batch.group_ids_B,
+      sel.mask_BxT,
+      gamma=cfg.gigpo_gamma,
+      omega=cfg.gigpo_omega,
+      norm=cfg.gigpo_norm,
+  )
+  skipped = (~jnp.any(sel.keep_B)) | (n_tokens < 1)
+  adv_BxT = jnp.where(skipped, 0.0, adv_BxT)
+  if cfg.positive_advantages_only:
+    adv_BxT = jnp.maximum(adv_BxT, 0.0)
+  return Advantages(
+      adv_BxT=adv_BxT,
+      returns_BxT=returns_BxT,
+      values_BxT=None,
+      skipped=skipped,
+      step_group_share=share,
   )
 
 
@@ -443,6 +478,8 @@ def batch_metrics(cfg: PPOConfig, sel: Selection, old: OldPass, adv: Advantages)
   )
   metrics["training/rollout_probs_diff_mean"] = adv_lib.masked_mean(probs_diff_BxT, maskf_BxT)
   metrics["training/rollout_probs_diff_max"] = jnp.max(jnp.where(mask_BxT, probs_diff_BxT, 0.0))
+  if adv.step_group_share is not None:  # whether GiGPO's step level has anything to compare
+    metrics["gigpo/step_group_share"] = adv.step_group_share
   for name in ("in_group_reward_std", "filter_kept_ratio", "filter_kept_count"):
     metrics[f"rollout/{name}"] = sel.stats[name]
   metrics["rollout/skipped"] = skipped.astype(jnp.float32)

@@ -192,6 +192,8 @@ class Rollout:
             replies.logprobs_BxN[i, :n],
         )
       tic = time.perf_counter()
+      for i, state_key in self.envs.state_keys(list(actions)).items():
+        eps[i].turns[-1].state_key = state_key  # the state the reply acts from (GiGPO)
       key, sub = jax.random.split(key)
       outcomes = self.envs.step(actions, sub)
       for i, outcome in outcomes.items():

@@ -2,6 +2,7 @@
 
     envs_ = env_batch.make(env, config, batch_size)   # a JaxBatch or a HostBatch
     starts = envs_.reset(seed, rows)                  # per local row: Start | EnvFault
+    keys = envs_.state_keys([0, 1])                   # per row: the state's 64-bit key
     outcomes = envs_.step({i: ["Up", "Left"]}, key)   # per stepped row: Outcome | EnvFault
 
 `JaxBatch` plays a pure-JAX environment: every row reset and stepped in one jitted, vmapped
@@ -27,6 +28,7 @@ from ragen_jax.envs.host.pool import HostPool
 from ragen_jax.envs.host.records import Outcome
 from ragen_jax.envs.host.records import Plan
 from ragen_jax.envs.host.records import Start
+from ragen_jax.rollout import state_keys as keys_lib
 
 
 def make(env, config, batch_size: int, sharder=None):
@@ -113,6 +115,11 @@ class JaxBatch:
     """The episodes' unbatched host states (what scripted experts plan from)."""
     return {i: row(self._host, i) for i in indices}
 
+  def state_keys(self, indices: Sequence[int]) -> Dict[int, int]:
+    """Keys of the episodes' current states, hashed on the device in one call (`state_keys`)."""
+    keys = keys_lib.combine(jax.device_get(keys_lib.device_keys_jit(self._states)))
+    return {i: keys[i] for i in indices}
+
   def step(self, actions: Dict[int, List[str]], key) -> Dict[int, Outcome]:
     b = len(self._names)
     actions_BxA = np.full((b, self.config.max_actions_per_turn), -1, np.int32)
@@ -176,6 +183,10 @@ class HostBatch:
       return {i: self._observations.get(i, "") for i in indices}
     plans = self.pool.expert(list(indices))
     return {i: plan if isinstance(plan, Plan) else None for i, plan in plans.items()}
+
+  def state_keys(self, indices: Sequence[int]) -> Dict[int, int]:
+    """Keys of the episodes' current observations (a text environment's state)."""
+    return {i: keys_lib.text_key(self._observations.get(i, "")) for i in indices}
 
   def step(self, actions: Dict[int, List[str]], key) -> Dict[int, Any]:
     del key  # host environments draw from their own seeded generators

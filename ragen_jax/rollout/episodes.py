@@ -1,7 +1,7 @@
 """What a rollout is made of: its knobs, the typed host records of episodes and their turns,
 and the result derived from them once (ragen_jax.rollout.engine plays them).
 
-Dimension legend: B episodes.
+Dimension legend: B episodes, T tokens, K turns (max_turns).
 """
 
 import dataclasses
@@ -11,9 +11,11 @@ import numpy as np
 
 from ragen_jax import sampling
 from ragen_jax.batch import RolloutBatch
+from ragen_jax.batch import TurnBatch
 from ragen_jax.config_checks import check_fields, FiniteFloat, PositiveFloat
 from ragen_jax.config_checks import NonNegativeInt, PositiveInt, Range
 from ragen_jax.rollout import prompts
+from ragen_jax.rollout import state_keys
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +108,7 @@ class Turn:
   env_valid: bool = True  # the environment accepted every action (info action_is_valid)
   unchanged: bool = False  # the observation after the turn reads as before it
   text: str = ""  # the reply as its assistant message holds it (generation prefix included)
+  state_key: int = 0  # 64-bit key of the state the reply acted from (rollout.state_keys)
 
   @property
   def reward(self) -> float:
@@ -248,12 +251,35 @@ def to_result(eps: List[Episode], c: RolloutConfig, pad_id: int, stats: Dict[str
       token_rewards_BxT=arrays["rewards"],
       group_ids_B=group_ids,
       scores_B=scores,
+      turns=turn_batch(eps, c.max_turns, width, failed),
   )
   summary = {name: float(np.mean(v)) for name, v in metrics.items()}
   group_success = metrics["success"].reshape(c.env_groups, c.group_size).max(axis=1)
   summary[f"pass@{c.group_size}"] = float(np.mean(group_success))
   summary.update({k: float(v) for k, v in stats.items()})
   return RolloutResult(batch, metrics, summary, eps)
+
+
+def turn_batch(eps: List[Episode], k: int, width: int, failed: np.ndarray) -> TurnBatch:
+  """The per-turn records (batch.TurnBatch) of episodes whose token rows are `width` wide,
+  right-aligned as in `to_result`; a failed episode's turns are invalid."""
+  b = len(eps)
+  rewards_BxK = np.zeros((b, k), np.float32)
+  mask_BxK = np.zeros((b, k), np.int32)
+  keys_BxK = np.zeros((b, k), np.int32)
+  token_turns_BxT = np.full((b, width), -1, np.int32)
+  ids = state_keys.dense_ids([[t.state_key for t in ep.turns] for ep in eps])
+  for i, ep in enumerate(eps):
+    if failed[i]:
+      continue
+    n = len(ep.turns)
+    rewards_BxK[i, :n] = [t.reward for t in ep.turns]
+    mask_BxK[i, :n] = 1
+    keys_BxK[i, :n] = [ids[t.state_key] for t in ep.turns]
+    offset = width - len(ep.tokens())
+    for j, (turn, start) in enumerate(zip(ep.turns, ep.reply_starts())):
+      token_turns_BxT[i, offset + start : offset + start + len(turn.reply)] = j
+  return TurnBatch(rewards_BxK, mask_BxK, keys_BxK, token_turns_BxT)
 
 
 def episode_metrics(eps: List[Episode]) -> Dict[str, np.ndarray]:

@@ -1,15 +1,17 @@
 """The host side of a training step: the environments' batches joined into one, and the rollout's
 metrics (RAGEN's per-tag rollout figures, where the rollout's time went, the batch's lengths).
 
-Dimension legend: B episodes, T tokens.
+Dimension legend: B episodes, T tokens, K turns.
 """
 
 import functools
 from typing import Any, Dict, List
 
+import jax
 import numpy as np
 
 from ragen_jax.batch import RolloutBatch
+from ragen_jax.batch import TurnBatch
 
 
 def _left_pad(x_BxT, value, width: int) -> np.ndarray:
@@ -28,11 +30,13 @@ def _used_width(batch: RolloutBatch) -> int:
 def join_batches(batches: List[RolloutBatch], pad_multiple: int, pad_id: int) -> RolloutBatch:
   """One host (numpy) batch from several environments' batches: left-padded to a common width,
   the longest sequence rounded up to a multiple of `pad_multiple` (the rollout's own, coarser
-  length buckets are cut back to it), group ids offset so groups stay distinct."""
+  length buckets are cut back to it), group ids offset so groups stay distinct; the per-turn
+  records padded to the most turns (state keys need no offset: they are compared within a group)."""
   width = max(max(_used_width(b) for b in batches), 1)
   width += -width % pad_multiple
   pad = functools.partial(_left_pad, width=width)
   parts, offset = [], 0
+  k = max((b.turns.mask_BxK.shape[1] for b in batches if b.turns is not None), default=0)
   for b in batches:
     parts.append(
         dict(
@@ -46,7 +50,22 @@ def join_batches(batches: List[RolloutBatch], pad_multiple: int, pad_id: int) ->
         )
     )
     offset += int(np.max(np.asarray(b.group_ids_B))) + 1
-  return RolloutBatch(**{k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
+  joined = RolloutBatch(**{k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
+  if any(b.turns is None for b in batches):
+    return joined
+  turns = [_pad_turns(b.turns, width, k) for b in batches]
+  return joined.replace(turns=jax.tree.map(lambda *xs: np.concatenate(xs), *turns))
+
+
+def _pad_turns(turns: TurnBatch, width: int, k: int) -> TurnBatch:
+  """A batch's per-turn records at `width` tokens and `k` turns (padding: invalid turns)."""
+  right = lambda x: np.pad(np.asarray(x), ((0, 0), (0, k - x.shape[1])))
+  return TurnBatch(
+      rewards_BxK=right(turns.rewards_BxK),
+      mask_BxK=right(turns.mask_BxK),
+      state_keys_BxK=right(turns.state_keys_BxK),
+      token_turns_BxT=_left_pad(turns.token_turns_BxT, -1, width),
+  )
 
 
 def rollout_metrics(results: Dict[str, Any], prefix: str) -> Dict[str, float]:
