@@ -13,12 +13,15 @@ import numpy as np
 import pytest
 
 from ragen_jax import envs
+from ragen_jax import tokenizers
 from ragen_jax.envs import game2048
 from ragen_jax.train import batching
+from ragen_jax.warm_start import demos
 
 UP, RIGHT, DOWN, LEFT = range(4)
 ENV = envs.make("2048")
 STEP = jax.jit(ENV.step)
+_TOKENIZER = tokenizers.load("sentencepiece")
 SLIDE = jax.jit(game2048.slide)
 KEY = jax.random.key(0)
 
@@ -304,7 +307,10 @@ def _play(policy, seed, moves=3000):
 def _expert(state, rng):
   del rng
   plan, thought = ENV.expert(state)
-  assert len(plan) == 1 and thought.startswith("Largest tile")
+  assert len(plan) == 1 and thought.startswith(f"Max {int(state.board_SxS.max())}: ")
+  # Its demonstration fits the smoke configs' 24 new tokens (variants._smoke_variant).
+  reply = demos.reply_text(thought, [ENV.action_names[plan[0]]], True, "||")
+  assert len(_TOKENIZER.encode(reply)) <= 24, reply
   return plan[0]
 
 

@@ -255,10 +255,11 @@ class Game2048(base.Env):
     board = np.asarray(jax.device_get(state.board_SxS))
     values = np.asarray(lookahead_values(jnp.asarray(board, jnp.int32), self.two_prob))
     best = int(np.argmax(values))
-    thought = f"Largest tile {int(board.max())}."
+    # Short: a demonstration's reply must fit the smoke configs' 24 new tokens.
+    tile = int(board.max())
     if not np.isfinite(values[best]):
-      return None, thought
-    return [best], thought + f" {self.action_names[best]} keeps the big tiles in the corner."
+      return None, f"Max {tile}: no move left."
+    return [best], f"Max {tile}: {self.action_names[best]} keeps it cornered."
 
 
 def snake_value(boards_xSxS: jax.Array) -> jax.Array:
