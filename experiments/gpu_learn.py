@@ -8,13 +8,14 @@ r"""Does StarPO teach the tiny model Sokoban at accelerator scale? One command o
    123-186), at validation's temperature.
 2. At the same time, one training run per `--arm` (`configs/sokoban_ppo.py:gpu`, PPO with
    StarPO-S filtering at 512 episodes a step, plus the arm's overrides), all from the same start
-   and seeds. After `--seconds` each run still going gets SIGTERM: it finishes its step, saves
-   and exits (ragen_jax.train.stop_signals).
-3. Each run's last checkpoint plays the same held-out levels.
+   and seeds. After `--seconds` each run still going gets one SIGTERM (a second would abort its
+   save): it finishes its step, saves and exits (ragen_jax.train.stop_signals).
+3. Each run's newest complete checkpoint, named by its step, plays the same held-out levels.
 4. `OUT/learn.md` (the commands, held-out success before and after with the paired standard error
-   of the gain, the validation curve on the 64 standard levels, training success, s/step, the
-   rollout/update split), `OUT/learn.json` (the same numbers) and `OUT/learn.png` (the curves).
-   The runs themselves stay in `--workdir`.
+   of the gain, the validation curve on the 64 standard levels, training success, median seconds
+   a step split into environments, decode and update), `OUT/learn.json` (the same numbers) and
+   `OUT/learn.png` (the curves). The runs themselves stay in `--workdir`, where a run already
+   there resumes.
 
 Every process is a command of its own (`launch.py`, `python -m ragen_jax.evaluate`), printed and
 recorded in the report so any of it can be rerun by hand. On one GPU they share its memory:
@@ -90,7 +91,7 @@ def eval_command(variant: str, heldout, output: str, checkpoint: Optional[str]) 
       *_config_flags(variant, heldout),
       f"--output={output}",
       *([f"--checkpoint={checkpoint}"] if checkpoint else []),
-  ]  # yapf: disable
+  ]
 
 
 class Job:
