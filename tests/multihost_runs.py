@@ -1,13 +1,8 @@
 """What the multi-process tests share: the smoke run they split over 2 processes, the
-environment they run it in, launching it with explicit flags, and comparing its logged scalars
-with the one-process reference."""
+environment they run it in, and comparing its logged scalars with the one-process reference."""
 
 import os
 import socket
-import subprocess
-import sys
-import threading
-import time
 
 import pytest
 
@@ -48,54 +43,6 @@ def free_port() -> int:
   with socket.socket() as s:
     s.bind(("localhost", 0))
     return s.getsockname()[1]
-
-
-def launch_two(workdir: str, extra):
-  """Runs launch.py as processes 0 and 1; returns their outputs (fails on error or timeout)."""
-  port = free_port()
-  procs = [
-      subprocess.Popen(
-          [
-              sys.executable,
-              *SMOKE,
-              f"--workdir={workdir}",
-              f"--coordinator_address=localhost:{port}",
-              "--num_processes=2",
-              f"--process_id={i}",
-              *extra,
-          ],
-          cwd=ROOT,
-          env=env(2),
-          stdout=subprocess.PIPE,
-          stderr=subprocess.STDOUT,
-          text=True,
-      )
-      for i in range(2)
-  ]
-  logs = [[] for _ in procs]
-  readers = [
-      threading.Thread(target=lambda p=p, l=l: l.extend(p.stdout), daemon=True)
-      for p, l in zip(procs, logs)
-  ]
-  for r in readers:
-    r.start()
-  deadline = time.time() + TIMEOUT_S
-  try:
-    while any(p.poll() is None for p in procs):
-      if any(p.poll() not in (None, 0) for p in procs) or time.time() > deadline:
-        break  # one failed (its peer would wait for it forever) or both hang
-      time.sleep(0.5)
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-      p.wait()
-    for r in readers:
-      r.join(timeout=10)
-  outs = ["".join(l) for l in logs]
-  for i, (p, out) in enumerate(zip(procs, outs)):
-    assert p.returncode == 0, f"process {i} exited {p.returncode}:\n{out[-4000:]}"
-  return outs
 
 
 def scalars(workdir):
