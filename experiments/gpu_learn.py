@@ -98,7 +98,7 @@ class Job:
   """One command in its own process group, its output in a log file."""
 
   def __init__(self, name: str, command: List[str], log_path: str, env: Dict[str, str]):
-    self.name, self.command, self.log_path = name, command, log_path
+    self.name, self.log_path = name, log_path
     self.started = time.monotonic()
     self.seconds = None
     self.stopped = False
@@ -212,9 +212,9 @@ def arm_summary(run: plot.Run, step: int) -> Dict[str, object]:
       seconds=({key: median(_in(s.get(f"timing_s/{key}", []), 2, step)) for key in TIMINGS}),
       val_success=[(int(k), float(v)) for k, v in s.get("val/success", []) if k <= step],
       train_success=[
-          (lo, min(lo + 9, step), float(np.mean(_in(train, lo, lo + 9))))
+          (lo, min(lo + 9, step), float(np.mean(window)))
           for lo in range(1, step + 1, 10)
-          if _in(train, lo, lo + 9)
+          if (window := _in(train, lo, lo + 9))
       ],
   )
 
