@@ -1,8 +1,11 @@
 """The rollout batch: what the rollout engine produces and the StarPO update consumes.
 
 Dimensions:
-  B: episodes (env_groups x group_size), one sequence each.
-  T: tokens of the whole conversation (system, user turns, assistant turns), left-padded.
+  B: rows of the token arrays: episodes (env_groups x group_size), one sequence each; with a
+     context window (`rollout.context_window`), R = episodes x K rows, one per turn
+     (`row_episodes_R`), while the episode arrays (`group_ids_B`, `scores_B`, `turns`) keep one
+     entry per episode.
+  T: tokens of a row (the whole conversation, or one turn's prompt and reply), left-padded.
   K: turns of an episode (rollout.max_turns), played turns first.
 
 Token conventions (shared by rollout, advantages and losses):
@@ -27,7 +30,8 @@ class TurnBatch:
   mask_BxK: jax.Array  # int32, 1 on the played turns of episodes without an environment fault
   state_keys_BxK: jax.Array  # int32, the state before the turn's action: equal keys in one
   # env group <=> identical states (of JAX states or text observations; 0 on invalid turns)
-  token_turns_BxT: jax.Array  # int32, the turn of each sampled token (K indices); -1 elsewhere
+  token_turns_BxT: jax.Array  # int32 (rows x T), the turn of each sampled token (K indices);
+  # -1 elsewhere
 
 
 @struct.dataclass
@@ -43,3 +47,5 @@ class RolloutBatch:
   group_ids_B: jax.Array  # int32, episodes of one env group share a start state
   scores_B: jax.Array  # float32, episode return (the outcome score for GRPO / filtering)
   turns: TurnBatch | None = None  # per-turn records (the rollout always fills them)
+  row_episodes_R: jax.Array | None = None  # int32, the episode of each row (window modes);
+  # None: row b is episode b

@@ -14,7 +14,9 @@ has stopped. A row stops on a stop token id, on a stop token sequence (e.g. the 
 
 `extend` is the same program over an existing cache (the multi-turn rollout appends each new
 user turn to it); `prefill_shared` puts a prompt every row shares into an empty cache at the cost
-of one row; `compact` squeezes the holes out of a cache. Cache slots: a decode step of a
+of one row; `prefill` and `restore_prefix` keep a prompt's slots and open an emptied cache with
+them (a context window's system message, every turn); `compact` squeezes the holes out of a
+cache. Cache slots: a decode step of a
 row that has stopped writes a padding slot (mask 0), so a cache may hold holes; positions count
 only real slots, so holes never change the logits.
 
@@ -380,6 +382,46 @@ def extend(
   )
 
 
+def _prefill(graphdef, params, ids_BxT, mask_BxT) -> models.KVCache:
+  model = nnx.merge(graphdef, params)
+  b, t = ids_BxT.shape
+  cache = models.init_cache(model.config, b, t)
+  return model.backbone(ids_BxT, mask_BxT, cache=cache)[1]
+
+
+def _restore_prefix(cache: models.KVCache, prefix: models.KVCache, rows_B=None):
+  b, p = cache.mask_BxS.shape[0], prefix.mask_BxS.shape[1]
+  put = lambda full, part: jax.lax.dynamic_update_slice(
+      full, jnp.broadcast_to(part, full.shape[:1] + (b,) + part.shape[2:]), (0,) * full.ndim
+  )
+  mask_BxP = jnp.broadcast_to(prefix.mask_BxS, (b, p))
+  if rows_B is not None:
+    mask_BxP = mask_BxP & rows_B[:, None]
+  return models.KVCache(
+      k_LxBxKxSxDh=put(cache.k_LxBxKxSxDh, prefix.k_LxBxKxSxDh.astype(cache.k_LxBxKxSxDh.dtype)),
+      v_LxBxKxSxDh=put(cache.v_LxBxKxSxDh, prefix.v_LxBxKxSxDh.astype(cache.v_LxBxKxSxDh.dtype)),
+      mask_BxS=jnp.zeros_like(cache.mask_BxS).at[:, :p].set(mask_BxP),
+      end_index=jnp.int32(p),
+  )
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def prefill(graphdef, params, ids_BxT, mask_BxT) -> models.KVCache:
+  """A cache holding exactly the left-padded prompts ids_BxT (capacity T, end_index T): the keys
+  and values that `restore_prefix` copies into a rollout's cache."""
+  return _prefill(graphdef, params, ids_BxT, mask_BxT)
+
+
+@functools.partial(jax.jit, donate_argnames=("cache",))
+def restore_prefix(cache: models.KVCache, prefix: models.KVCache, rows_B=None) -> models.KVCache:
+  """`cache` emptied, then `prefix`'s P slots in its first P slots (one prefix row broadcast to
+  every row, or one per row), end_index P; `rows_B` (optional) keeps only those rows' slots.
+
+  Slots past P keep stale keys and values under mask 0, which attention never reads.
+  """
+  return _restore_prefix(cache, prefix, rows_B)
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("cache",))
 def prefill_shared(graphdef, params, cache: models.KVCache, ids_1xT, mask_1xT, rows_B):
   """An empty cache with one prompt prefilled once, at batch 1, in the first T slots of each
@@ -389,20 +431,7 @@ def prefill_shared(graphdef, params, cache: models.KVCache, ids_1xT, mask_1xT, r
   B; each row's own tokens then follow with `extend`. The keys and values are a row's own:
   positions count real slots, so the copies sit where a row's prefill would have put them.
   """
-  model = nnx.merge(graphdef, params)
-  t = ids_1xT.shape[1]
-  one = models.init_cache(model.config, 1, t, cache.k_LxBxKxSxDh.dtype)
-  _, one = model.backbone(ids_1xT, mask_1xT, cache=one)
-  b = cache.mask_BxS.shape[0]
-  put = lambda full, part: jax.lax.dynamic_update_slice(
-      full, jnp.broadcast_to(part, full.shape[:1] + (b,) + part.shape[2:]), (0,) * full.ndim
-  )
-  return models.KVCache(
-      k_LxBxKxSxDh=put(cache.k_LxBxKxSxDh, one.k_LxBxKxSxDh),
-      v_LxBxKxSxDh=put(cache.v_LxBxKxSxDh, one.v_LxBxKxSxDh),
-      mask_BxS=jax.lax.dynamic_update_slice(cache.mask_BxS, one.mask_BxS & rows_B[:, None], (0, 0)),
-      end_index=jnp.int32(t),
-  )
+  return _restore_prefix(cache, _prefill(graphdef, params, ids_1xT, mask_1xT), rows_B)
 
 
 def window_for(slots: int, capacity: int) -> int:

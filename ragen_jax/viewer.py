@@ -100,6 +100,19 @@ def split_reply(text: str) -> Dict[str, Any]:
   return {"think": None, "answer": None, "actions": []}
 
 
+def _saw(window: Any, k: int) -> Dict[str, Any] | None:
+  """What turn k (0-based) of a context-window episode saw: the turns shown (1-based, first
+  and last; none when first > last) and the memory text standing in for earlier ones."""
+  if not isinstance(window, (list, tuple)) or len(window) != 2:
+    return None
+  first = _int(window[0])
+  return {
+      "first": None if first is None else first + 1,
+      "last": k,
+      "memory": str(window[1] or ""),
+  }
+
+
 def episode_view(episode: Dict[str, Any]) -> Dict[str, Any]:
   """What the page shows of one episode record: its header fields and one entry per turn.
 
@@ -131,10 +144,13 @@ def episode_view(episode: Dict[str, Any]) -> Dict[str, Any]:
       steps[-1]["reply"] = content
   rewards = episode.get("turn_rewards")
   rewards = list(rewards) if isinstance(rewards, (list, tuple)) else None
+  windows = episode.get("turn_windows")
+  windows = list(windows) if isinstance(windows, (list, tuple)) else []
   for k, step in enumerate(steps):
     text_reward = step.pop("text_reward", None)
     step["reward"] = _float(rewards[k]) if rewards is not None and k < len(rewards) else text_reward
     step.update(split_reply(step["reply"] or ""))
+    step["saw"] = _saw(windows[k], k) if k < len(windows) else None
   return {
       "env": str(episode.get("env") or "?"),
       "seed": _int(episode.get("seed")),
@@ -144,6 +160,7 @@ def episode_view(episode: Dict[str, Any]) -> Dict[str, Any]:
       "reward": _float(episode.get("reward")),
       "turns": _int(episode.get("turns")),
       "context_truncated": _bool(episode.get("context_truncated")),
+      "window": _int(episode.get("window")),
       "system": system,
       "steps": steps,
   }

@@ -191,12 +191,15 @@ def brpo_advantages(scores_B, eps=GRPO_EPS, valid_B=None):
   return grpo_advantages(scores_B, jnp.zeros(scores_B.shape, jnp.int32), True, eps, valid_B)
 
 
-def outcome_advantages(scores_B, group_ids_B, response_mask_BxT, estimator, valid_B=None):
+def outcome_advantages(
+    scores_B, group_ids_B, response_mask_BxT, estimator, valid_B=None, rows_R=None
+):
   """Critic-free estimators, a per-sequence scalar broadcast over tokens: A_{i,t} = a_i·m_{i,t}.
 
   estimator: "arpo" (a_i = s_i, raw), "brpo" (batch mean/std), "grpo" (group mean/std),
   "drgrpo" (group mean only). Returns (advantages_BxT, returns_BxT) with returns = advantages,
-  as in veRL.
+  as in veRL. With `rows_R` (one row per turn: the episode of each row) the statistics are over
+  episodes, each counted once, and row r carries its episode's a.
   """
   scores_B = scores_B.astype(jnp.float32)
   if valid_B is None:
@@ -211,6 +214,8 @@ def outcome_advantages(scores_B, group_ids_B, response_mask_BxT, estimator, vali
     adv_B = grpo_advantages(scores_B, group_ids_B, False, valid_B=valid_B)
   else:
     raise ValueError(f"unknown outcome estimator {estimator!r}")
+  if rows_R is not None:
+    adv_B = adv_B[rows_R]
   adv_BxT = adv_B[:, None] * response_mask_BxT.astype(jnp.float32)
   return adv_BxT, adv_BxT
 
@@ -333,18 +338,22 @@ def gigpo_token_advantages(
     gamma,
     omega,
     norm,
+    rows_R=None,
 ):
-  """GiGPO over the sequence layout: (advantages_BxT, returns_BxT, step_group_share).
+  """GiGPO on token rows: (advantages_BxT, returns_BxT, step_group_share).
 
   Each sampled token (response_mask_BxT) carries A_E + ω·A_S of its turn (`token_turns_BxT`,
-  -1 off the replies). `step_group_share` is the share of valid turns whose step group holds
-  more than one turn: 0 means the step level has nothing to compare.
+  -1 off the replies). Rows are episodes, or with `rows_R` (the episode of each row) one row
+  per turn. `step_group_share` is the share of valid turns whose step group holds more than
+  one turn: 0 means the step level has nothing to compare.
   """
   mask_BxK = turn_mask_BxK > 0
   episode_adv_B, step_adv_BxK, count_BxK = gigpo_terms(
       turn_rewards_BxK, mask_BxK, state_keys_BxK, group_ids_B, gamma=gamma, norm=norm, eps=GRPO_EPS
   )
   turn_adv_BxK = episode_adv_B[:, None] + omega * step_adv_BxK
+  if rows_R is not None:
+    turn_adv_BxK = turn_adv_BxK[rows_R]
   k = turn_adv_BxK.shape[1]
   tokens_BxT = jnp.take_along_axis(turn_adv_BxK, jnp.clip(token_turns_BxT, 0, k - 1), axis=1)
   on_turn_BxT = (response_mask_BxT > 0) & (token_turns_BxT >= 0)

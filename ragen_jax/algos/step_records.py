@@ -80,9 +80,12 @@ class Selection:
   batch: Any  # RolloutBatch, episodes in the new order
   tokens_BxT: jax.Array  # int32
   attn_BxT: jax.Array  # int32
-  keep_B: jax.Array  # bool
+  keep_B: jax.Array  # bool, per row
   mask_BxT: jax.Array  # bool: loss tokens of kept episodes
   stats: dict[str, jax.Array]  # filter statistics (scalars)
+  keep_episodes_B: jax.Array  # bool, per episode in the batch's episode order (= keep_B when
+  # rows are episodes)
+  row_order_R: jax.Array | None = None  # one row per turn: the rollout's row of each row here
 
 
 @flax.struct.dataclass

@@ -18,8 +18,10 @@ The critic mode (none, separate model, shared value head) is a `critic.Critic` s
 stages pass the typed records of `step_records`.
 
 Dimensions:
-  B: episodes.  T: tokens.  N: minibatches per epoch.  M: micro-batches per minibatch.
-  U: episodes per micro-batch (B = N·M·U).  D: hidden size.
+  B: rows: episodes, or with a context window one row per turn (`RolloutBatch.row_episodes_R`;
+     the episode arrays keep one entry per episode, and statistics over episodes are read by
+     each row through it).  T: tokens.  N: minibatches per epoch.  M: micro-batches per
+  minibatch.  U: rows per micro-batch (B = N·M·U).  D: hidden size.
 """
 
 import dataclasses
@@ -244,8 +246,15 @@ def order_and_filter(cfg: PPOConfig, batch) -> Selection:
   # Kept episodes first (stable), so that dropped ones fill whole trailing micro-batches whose
   # forward and backward passes are skipped: a half-filtered batch costs about half. Nothing
   # per-episode leaves the step, so the order is free.
-  perm_B = jnp.argsort(~keep_B, stable=True)
-  batch, keep_B = jax.tree.map(lambda x: x[perm_B], (batch, keep_B))
+  if batch.row_episodes_R is None:  # one row per episode
+    perm_B = jnp.argsort(~keep_B, stable=True)
+    batch, keep_B = jax.tree.map(lambda x: x[perm_B], (batch, keep_B))
+    keep_episodes_B, row_order_R = keep_B, None
+  else:  # one row per turn: the rows of kept episodes' played turns first
+    keep_episodes_B = keep_B
+    keep_B = keep_B[batch.row_episodes_R] & jnp.any(batch.loss_mask_BxT > 0, axis=1)
+    row_order_R = jnp.argsort(~keep_B, stable=True)
+    batch, keep_B = _permute_rows(batch, row_order_R), keep_B[row_order_R]
   return Selection(
       batch=batch,
       tokens_BxT=batch.tokens_BxT.astype(jnp.int32),
@@ -253,6 +262,22 @@ def order_and_filter(cfg: PPOConfig, batch) -> Selection:
       keep_B=keep_B,
       mask_BxT=(batch.loss_mask_BxT > 0) & keep_B[:, None],
       stats=stats,
+      keep_episodes_B=keep_episodes_B,
+      row_order_R=row_order_R,
+  )
+
+
+def _permute_rows(batch, perm_R):
+  """The row arrays of a per-turn batch in the order perm_R; the episode arrays unchanged."""
+  rows = lambda x: x[perm_R]
+  return batch.replace(
+      tokens_BxT=rows(batch.tokens_BxT),
+      attention_mask_BxT=rows(batch.attention_mask_BxT),
+      loss_mask_BxT=rows(batch.loss_mask_BxT),
+      logprobs_BxT=rows(batch.logprobs_BxT),
+      token_rewards_BxT=rows(batch.token_rewards_BxT),
+      row_episodes_R=rows(batch.row_episodes_R),
+      turns=batch.turns.replace(token_turns_BxT=rows(batch.turns.token_turns_BxT)),
   )
 
 
@@ -311,13 +336,22 @@ def advantages(cfg: PPOConfig, sel: Selection, old: OldPass) -> Advantages:
         if cfg.adv_estimator == "bi_level_gae"
         else adv_lib.compute_gae
     )
-    adv_BxT, returns_BxT = gae(batch.token_rewards_BxT, values_BxT, mask_BxT, cfg.gamma, cfg.lam)
+    gae_args = (batch.token_rewards_BxT, values_BxT, mask_BxT, cfg.gamma, cfg.lam)
+    if batch.row_episodes_R is None:
+      adv_BxT, returns_BxT = gae(*gae_args)
+    else:  # one row per turn: GAE along each episode's rows in turn order
+      adv_BxT, returns_BxT = _along_episodes(gae, sel, *gae_args)
     skipped = (~jnp.any(sel.keep_B)) | (n_tokens < 2)  # whitening needs two valid tokens
   elif cfg.adv_estimator == "gigpo":
     return _gigpo_advantages(cfg, sel, n_tokens)
   else:
     adv_BxT, returns_BxT = adv_lib.outcome_advantages(
-        batch.scores_B, batch.group_ids_B, mask_BxT, cfg.adv_estimator, valid_B=sel.keep_B
+        batch.scores_B,
+        batch.group_ids_B,
+        mask_BxT,
+        cfg.adv_estimator,
+        valid_B=sel.keep_episodes_B,
+        rows_R=batch.row_episodes_R,
     )
     skipped = (~jnp.any(sel.keep_B)) | (n_tokens < 1)
   adv_BxT = jnp.where(skipped, 0.0, adv_BxT)
@@ -326,6 +360,19 @@ def advantages(cfg: PPOConfig, sel: Selection, old: OldPass) -> Advantages:
   return Advantages(
       adv_BxT=adv_BxT, returns_BxT=returns_BxT, values_BxT=values_BxT, skipped=skipped
   )
+
+
+def _along_episodes(gae, sel: Selection, rewards_RxT, values_RxT, mask_RxT, gamma, lam):
+  """`gae` over the row layout: each episode's K rows (R = B·K), in turn order, joined into one
+  [B, K·T] sequence, as its one sequence would hold them (a turn's prompt separates its reply
+  from the last), then split back into rows."""
+  r, t = mask_RxT.shape
+  b = sel.batch.group_ids_B.shape[0]
+  canonical_R = jnp.argsort(sel.row_order_R)  # row b·K + j of the rollout is at canonical[...]
+  join = lambda x_RxT: x_RxT[canonical_R].reshape(b, (r // b) * t)
+  split = lambda x_BxL: x_BxL.reshape(r, t)[sel.row_order_R]
+  adv, returns = gae(join(rewards_RxT), join(values_RxT), join(mask_RxT), gamma, lam)
+  return split(adv), split(returns)
 
 
 def _gigpo_advantages(cfg: PPOConfig, sel: Selection, n_tokens) -> Advantages:
@@ -338,11 +385,12 @@ def _gigpo_advantages(cfg: PPOConfig, sel: Selection, n_tokens) -> Advantages:
     )
   adv_BxT, returns_BxT, share = adv_lib.gigpo_token_advantages(
       turns.rewards_BxK,
-      (turns.mask_BxK > 0) & sel.keep_B[:, None],
+      (turns.mask_BxK > 0) & sel.keep_episodes_B[:, None],
       turns.state_keys_BxK,
       turns.token_turns_BxT,
       sel.batch.group_ids_B,
       sel.mask_BxT,
+      rows_R=sel.batch.row_episodes_R,
       gamma=cfg.gigpo_gamma,
       omega=cfg.gigpo_omega,
       norm=cfg.gigpo_norm,

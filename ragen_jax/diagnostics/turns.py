@@ -3,7 +3,8 @@
 For every assistant turn of every episode (host side, from the typed episodes of
 `RolloutResult`s):
   x = the tokens the model saw before writing that turn, ending with the generation prefix
-      `<think>` (so `<think>` belongs to x): the episode's earlier turns and this turn's context;
+      `<think>` (so `<think>` belongs to x): the episode's earlier turns and this turn's context
+      (with a context window, the turn's own prompt);
   z = the reasoning between `<think>` and `</think>` of the reply, special tokens removed,
       whitespace stripped, tokenised on its own. A turn with empty or unclosed reasoning is not
       valid (its share is the valid-thinking rate).
@@ -55,14 +56,11 @@ def collect_turns(results: Dict[str, object], tokenizer) -> List[ReasoningTurn]:
   turns, episode = [], 0
   for tag, result in results.items():
     for ep in result.episodes:
-      seen = []  # the episode's tokens so far (what its batch row holds)
       for t, turn in enumerate(ep.turns):
-        seen += turn.context
         text = reasoning_text(turn.text)
         z = tuple(tokenizer.encode(text)) if text else ()
-        x = np.array(seen, np.int32)
+        x = np.array(ep.seen(t), np.int32)  # what the reply was sampled after
         turns.append(ReasoningTurn(episode, (tag, int(ep.group_id)), t, x, z))
-        seen += turn.reply
       episode += 1
   return turns
 

@@ -67,6 +67,12 @@ class HostEnv:
   def new(self):
     return self.bound()()
 
+  def memory(self, history) -> str:
+    """The environment class's `memory(history) -> str` (a static or class method: RAGEN's hook
+    for context windows, rollout.windows), or "" when it defines none."""
+    hook = getattr(self.factory, "memory", None)
+    return hook(history) if callable(hook) else ""
+
 
 def is_jax(factory) -> bool:
   """Whether `factory` is a pure-JAX environment class (stepped on device, vmapped)."""

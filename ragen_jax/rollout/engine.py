@@ -71,6 +71,7 @@ from ragen_jax.envs.host.records import EnvFault
 from ragen_jax.rollout import env_batch
 from ragen_jax.rollout import episodes as episodes_lib
 from ragen_jax.rollout import prompts
+from ragen_jax.rollout import windows
 from ragen_jax.rollout.episodes import Episode
 from ragen_jax.rollout.episodes import RolloutConfig
 from ragen_jax.rollout.episodes import RolloutResult
@@ -113,6 +114,7 @@ class Rollout:
         pad_id=tokenizer.pad_id,
     )
     self.envs = env_batch.make(env, c, self.batch_size, sharder)
+    self.memory = windows.memory_hook(env)  # window modes: text for the turns left out
     self._logged_faults = set()  # fault kinds already logged with a traceback
 
   def close(self) -> None:
@@ -165,10 +167,18 @@ class Rollout:
     starts = self.envs.reset(seed, (rows.lo, rows.hi))
     timing["env_s"] += time.perf_counter() - tic
     eps = [self._open(seed, rows.lo + i, start) for i, start in enumerate(starts)]
+    prefix = self._prefix(eps, rows) if c.window is not None else None
     turn_steps = []  # decode steps of each turn on this process (the call runs to the max)
     for turn in range(1, c.max_turns + 1):
-      chunks = {i: self._prompt(ep, turn) for i, ep in enumerate(eps) if not ep.done}
-      chunks = {i: chunk for i, chunk in chunks.items() if not eps[i].done}  # none overflowed
+      if c.window is None:
+        contexts = {i: self._prompt(ep, turn) for i, ep in enumerate(eps) if not ep.done}
+      else:
+        shown = {i: self._window_prompt(ep, turn) for i, ep in enumerate(eps) if not ep.done}
+        contexts = {i: w.ids for i, w in shown.items() if w is not None}
+      contexts = {i: x for i, x in contexts.items() if not eps[i].done}  # none overflowed
+      # Full context appends the new tokens to the cache; a window prefills its prompt after
+      # the cached system message.
+      chunks = {i: x[len(eps[i].prefix) :] for i, x in contexts.items()}
       # A process whose episodes have all ended still takes part, with no active row.
       playing, longest = rows.agree_max(
           [int(bool(chunks)), max((len(x) for x in chunks.values()), default=0)]
@@ -176,6 +186,7 @@ class Rollout:
       if not playing:
         break
       inputs = self._inputs(turn, chunks, longest, eps, stats)
+      inputs.prefix = prefix
       tic = time.perf_counter()
       key, inputs.key = jax.random.split(key)
       replies = policy.respond(inputs)
@@ -183,14 +194,19 @@ class Rollout:
       turn_steps.append(int(replies.lengths_B.max()))
       stats["generated_tokens"] += int(replies.lengths_B.sum())
       actions = {}
-      for i, chunk in chunks.items():
+      for i, context in contexts.items():
         n = int(replies.lengths_B[i])
         actions[i] = self._reply(
             eps[i],
-            chunk[1:] if turn > 1 else chunk,
+            context[1:] if turn > 1 and c.window is None else context,
             replies.tokens_BxN[i, :n],
             replies.logprobs_BxN[i, :n],
         )
+        if c.window is not None:
+          eps[i].turns[-1].shown_from, eps[i].turns[-1].memory = (
+              shown[i].shown_from,
+              shown[i].memory,
+          )
       tic = time.perf_counter()
       for i, state_key in self.envs.state_keys(list(actions)).items():
         eps[i].turns[-1].state_key = state_key  # the state the reply acts from (GiGPO)
@@ -233,15 +249,32 @@ class Rollout:
         c.max_tokens_hint,
         c.prompt_style,
     )
-    return Episode(
+    ep = Episode(
         seed + group,
         [{"role": "system", "content": system}],
         names,
         c.max_actions_per_traj,
         per_turn,
         observation=start.observation,
+        window=c.window,
         **place,
     )
+    if c.window is not None:
+      ep.prefix = windows.system_ids(ep, self.tok)
+    return ep
+
+  def _prefix(self, eps: List[Episode], rows: Rows):
+    """Window modes: the episodes' system-message tokens (TurnInputs.prefix), left-padded to
+    a width every process agrees on."""
+    (longest,) = rows.agree_max([max((len(ep.prefix) for ep in eps), default=0)])
+    width = sampling.bucket(max(longest, 1))
+    ids_BxP = np.full((len(eps), width), self.tok.pad_id, np.int32)
+    mask_BxP = np.zeros((len(eps), width), np.int32)
+    for i, ep in enumerate(eps):
+      if ep.prefix:
+        ids_BxP[i, width - len(ep.prefix) :] = ep.prefix
+        mask_BxP[i, width - len(ep.prefix) :] = 1
+    return ids_BxP, mask_BxP
 
   def _user_turn(self, ep: Episode, turn: int) -> str:
     c = self.config
@@ -280,6 +313,32 @@ class Rollout:
     ep.messages.append({"role": "user", "content": ep.pending + user})
     return [ep.last_token] + chunk
 
+  def _window_prompt(self, ep: Episode, turn: int) -> windows.WindowPrompt | None:
+    """Window modes: the whole prompt of turn `turn` (rollout.windows); an episode whose turn
+    cannot fit stops before it (None)."""
+    c, tok = self.config, self.tok
+    user = (ep.pending if turn > 1 else "") + self._user_turn(ep, turn)
+    window = windows.prompt(ep, user, tok, c, self.memory)
+    own = tok.encode(
+        f"{tok_base.IM_START}user\n{user}{tok_base.IM_END}\n{tok_base.IM_START}assistant\n"
+        + prompts.generation_prefix(c.enable_think)
+    )
+    if window is None or len(own) > c.max_turn_tokens:
+      if turn == 1:
+        raise ValueError(
+            f"the first prompt plus max_new_tokens exceeds max_context={c.max_context} (or its "
+            f"user turn exceeds max_turn_tokens={c.max_turn_tokens})"
+        )
+      ep.done, ep.context_truncated = True, True
+      return None
+    if windows.prefix_length(window.ids, ep.prefix) != len(ep.prefix):
+      raise ValueError(
+          "the tokenizer's chat template does not render the system message as a prefix of "
+          "every prompt, which window modes need (the cached system slots)"
+      )
+    ep.messages.append({"role": "user", "content": user})
+    return window
+
   def _inputs(self, turn: int, chunks: Dict[int, List[int]], longest: int, eps, stats):
     """The turn's appended tokens (TurnInputs), left-padded to the bucket of `longest`, the
     longest chunk of any process."""
@@ -293,9 +352,12 @@ class Rollout:
       mask_BxC[i, width - len(chunk) :] = 1
       active_B[i] = True
       stats["prefill_tokens_append"] += len(chunk)
-      stats["prefill_tokens_reencode"] += len(eps[i].tokens()) + len(chunk) - (turn > 1)
+      if eps[i].window is None:  # what re-encoding the whole sequence would cost
+        stats["prefill_tokens_reencode"] += len(eps[i].tokens()) + len(chunk) - (turn > 1)
+      else:  # what prefilling the whole prompt would cost
+        stats["prefill_tokens_reencode"] += len(eps[i].prefix) + len(chunk)
     stats["prefill_slots"] += self.batch_size * width
-    return TurnInputs(turn, ids_BxC, mask_BxC, active_B, eps, self.envs.states, None)
+    return TurnInputs(turn, ids_BxC, mask_BxC, active_B, eps, self.envs.states, None, None)
 
   def _reply(self, ep: Episode, context, tokens_N, logprobs_N) -> List[str]:
     """Records the reply as a new turn; returns the actions it names (canonical names, or the
@@ -335,6 +397,7 @@ class Rollout:
     )
     ep.actions_left -= outcome.executed
     ep.success |= outcome.success
+    ep.env_done = bool(outcome.done)
     ep.done = outcome.done or ep.actions_left <= 0 or turn_number == c.max_turns
     # RAGEN shows the format penalty in the reward text when no valid action was made.
     shown = outcome.reward + (c.format_penalty if not turn.actions else 0.0)

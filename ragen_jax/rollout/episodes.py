@@ -16,6 +16,12 @@ from ragen_jax.config_checks import check_fields, FiniteFloat, PositiveFloat
 from ragen_jax.config_checks import NonNegativeInt, PositiveInt, Range
 from ragen_jax.rollout import prompts
 from ragen_jax.rollout import state_keys
+from ragen_jax.rollout import windows
+
+# full: one append-only sequence per episode; last_k: the system message, the last k turns
+# and the current observation; single_turn: k = 0. In the window modes every turn is its own
+# training row (ragen_jax.rollout.windows).
+CONTEXT_WINDOWS = ("full", "last_k", "single_turn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +46,8 @@ class RolloutConfig:
   prompt_style: str = "ragen"  # prompts.PROMPT_STYLES: RAGEN's text, or "compact" (the output
   # rule once in the system message, short user turns)
   max_new_tokens: PositiveInt = 400  # sampled tokens per turn (RAGEN response_length)
-  max_context: PositiveInt = 3600  # tokens of a whole conversation (RAGEN max_model_len)
+  max_context: PositiveInt = 3600  # tokens of a whole conversation (RAGEN max_model_len); with
+  # a context window, of one turn's prompt and reply
   max_turn_tokens: PositiveInt = 512  # longest appended user turn (sizes the KV cache slack)
   temperature: PositiveFloat = 1.0  # training rollout temperature (log-probs divide by it)
   top_p: Annotated[float, Range(0, 1, open_low=True)] = 1.0  # nucleus mass (1 = off)
@@ -52,6 +59,8 @@ class RolloutConfig:
   val_group_size: PositiveInt = 1  # validation episodes per group (pass@k, k = this)
   val_temperature: PositiveFloat = 0.5  # RAGEN's evaluation temperature
   val_batch_groups: PositiveInt = 64  # validation groups played per batch (memory bound)
+  context_window: str = "full"  # CONTEXT_WINDOWS: what each turn's prompt holds (module doc)
+  window_turns: int | None = None  # k of `last_k`: earlier turns a prompt shows
 
   PER_TAG = ("render_format", "max_actions_per_traj", "max_tokens_hint")
 
@@ -63,6 +72,33 @@ class RolloutConfig:
       )
     if not self.max_context > self.max_new_tokens:
       raise ValueError("rollout.max_context must exceed rollout.max_new_tokens")
+    self.window  # pylint: disable=pointless-statement  # validates the window knobs
+
+  @property
+  def window(self) -> int | None:
+    """Earlier turns each prompt shows: None for the whole conversation (`full`), else k."""
+    mode, k = self.context_window, self.window_turns
+    if mode not in CONTEXT_WINDOWS:
+      raise ValueError(f"rollout.context_window must be one of {CONTEXT_WINDOWS}, got {mode!r}")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+      raise ValueError(f"rollout.window_turns must be an integer >= 0, got {k!r}")
+    if mode == "full":
+      if k is not None:
+        raise ValueError(
+            "rollout.window_turns is set but rollout.context_window is 'full' (every turn "
+            "sees the whole conversation): set context_window='last_k' or drop window_turns"
+        )
+      return None
+    if mode == "single_turn":
+      if k not in (None, 0):
+        raise ValueError(
+            f"rollout.context_window='single_turn' shows no earlier turn; "
+            f"rollout.window_turns={k} contradicts it"
+        )
+      return 0
+    if k is None:
+      raise ValueError("rollout.context_window='last_k' needs rollout.window_turns (k >= 0)")
+    return k
 
   @property
   def cache_slots(self) -> int:
@@ -109,6 +145,8 @@ class Turn:
   unchanged: bool = False  # the observation after the turn reads as before it
   text: str = ""  # the reply as its assistant message holds it (generation prefix included)
   state_key: int = 0  # 64-bit key of the state the reply acted from (rollout.state_keys)
+  shown_from: int = 0  # window modes: the first earlier turn (0-based) the prompt showed
+  memory: str = ""  # window modes: the environment's memory text for the turns left out
 
   @property
   def reward(self) -> float:
@@ -139,9 +177,20 @@ class Episode:
   group_id: int = 0  # the episode's group (episodes sharing a start state)
   index_in_group: int = 0
   env: str = ""  # the environment tag, where episodes of several are pooled (validation)
+  window: Optional[int] = None  # RolloutConfig.window: None, one sequence; k, a row per turn
+  prefix: List[int] = dataclasses.field(default_factory=list)  # window modes: system tokens
+  env_done: bool = False  # the environment ended the episode (not the turn or action budget)
 
   def tokens(self) -> List[int]:
+    """The episode's one sequence (full context): every turn's context and reply."""
     return [t for turn in self.turns for t in turn.context + turn.reply]
+
+  def seen(self, j: int) -> List[int]:
+    """The tokens turn j's reply was sampled after: the sequence so far, or (window modes) the
+    turn's own prompt."""
+    if self.window is not None:
+      return list(self.turns[j].context)
+    return [t for turn in self.turns[:j] for t in turn.context + turn.reply] + self.turns[j].context
 
   @property
   def last_token(self) -> int:
@@ -199,6 +248,12 @@ class Episode:
         turn_rewards=[round(t.reward, 6) for t in self.turns],
         reply_starts=self.reply_starts(),
         **({"env_error": self.env_error} if self.env_error else {}),
+        # Window modes: what each turn saw, its first earlier turn shown and its memory text.
+        **(
+            {"window": self.window, "turn_windows": [[t.shown_from, t.memory] for t in self.turns]}
+            if self.window is not None
+            else {}
+        ),
         env=self.env,
         seed=int(self.seed),
         episode=int(self.index_in_group),
@@ -215,7 +270,6 @@ class RolloutResult:
 
 def to_result(eps: List[Episode], c: RolloutConfig, pad_id: int, stats: Dict[str, int]):
   """The RolloutResult of a batch's episodes: the training batch and metrics."""
-  b = len(eps)
   group_ids = np.array([ep.group_id for ep in eps], np.int32)
   scores = np.array([ep.score for ep in eps], np.float32)
   failed = np.array([bool(ep.env_error) for ep in eps])
@@ -223,7 +277,39 @@ def to_result(eps: List[Episode], c: RolloutConfig, pad_id: int, stats: Dict[str
   for g in np.unique(group_ids[failed]):
     healthy = (group_ids == g) & ~failed
     scores[(group_ids == g) & failed] = scores[healthy].mean() if healthy.any() else 0.0
-  lists = [ep.arrays(c.use_turn_scores) for ep in eps]
+  if c.window is None:
+    arrays, width = sequence_rows(eps, c.use_turn_scores, pad_id, failed)
+    turns = turn_batch(eps, c.max_turns, failed, sequence_token_turns(eps, width, failed))
+    row_episodes_R = None
+  else:
+    arrays, token_turns_RxT, row_episodes_R = windows.rows(
+        eps, c.max_turns, pad_id, failed, c.use_turn_scores
+    )
+    turns = turn_batch(eps, c.max_turns, failed, token_turns_RxT)
+  metrics = episode_metrics(eps)
+  # A host (numpy) batch: the trainer joins the tags' batches and places the result once.
+  batch = RolloutBatch(
+      tokens_BxT=arrays["tokens"],
+      attention_mask_BxT=arrays["mask"],
+      loss_mask_BxT=arrays["loss"],
+      logprobs_BxT=arrays["logprobs"],
+      token_rewards_BxT=arrays["rewards"],
+      group_ids_B=group_ids,
+      scores_B=scores,
+      turns=turns,
+      row_episodes_R=row_episodes_R,
+  )
+  summary = {name: float(np.mean(v)) for name, v in metrics.items()}
+  group_success = metrics["success"].reshape(c.env_groups, c.group_size).max(axis=1)
+  summary[f"pass@{c.group_size}"] = float(np.mean(group_success))
+  summary.update({k: float(v) for k, v in stats.items()})
+  return RolloutResult(batch, metrics, summary, eps)
+
+
+def sequence_rows(eps: List[Episode], use_turn_scores: bool, pad_id: int, failed: np.ndarray):
+  """The sequence layout (full context): one left-padded row per episode; ({name: [B, T]}, T)."""
+  b = len(eps)
+  lists = [ep.arrays(use_turn_scores) for ep in eps]
   width = sampling.bucket(max(max(len(r["tokens"]) for r in lists), 1))
   arrays = {
       "tokens": np.full((b, width), pad_id, np.int32),
@@ -241,33 +327,29 @@ def to_result(eps: List[Episode], c: RolloutConfig, pad_id: int, stats: Dict[str
     for name in ("tokens", "loss", "logprobs", "rewards"):
       arrays[name][i, width - n :] = r[name]
     arrays["mask"][i, width - n :] = 1
-  metrics = episode_metrics(eps)
-  # A host (numpy) batch: the trainer joins the tags' batches and places the result once.
-  batch = RolloutBatch(
-      tokens_BxT=arrays["tokens"],
-      attention_mask_BxT=arrays["mask"],
-      loss_mask_BxT=arrays["loss"],
-      logprobs_BxT=arrays["logprobs"],
-      token_rewards_BxT=arrays["rewards"],
-      group_ids_B=group_ids,
-      scores_B=scores,
-      turns=turn_batch(eps, c.max_turns, width, failed),
-  )
-  summary = {name: float(np.mean(v)) for name, v in metrics.items()}
-  group_success = metrics["success"].reshape(c.env_groups, c.group_size).max(axis=1)
-  summary[f"pass@{c.group_size}"] = float(np.mean(group_success))
-  summary.update({k: float(v) for k, v in stats.items()})
-  return RolloutResult(batch, metrics, summary, eps)
+  return arrays, width
 
 
-def turn_batch(eps: List[Episode], k: int, width: int, failed: np.ndarray) -> TurnBatch:
-  """The per-turn records (batch.TurnBatch) of episodes whose token rows are `width` wide,
-  right-aligned as in `to_result`; a failed episode's turns are invalid."""
+def sequence_token_turns(eps: List[Episode], width: int, failed: np.ndarray) -> np.ndarray:
+  """[B, T]: the turn of each sampled token of the sequence layout (right-aligned rows); -1
+  elsewhere and on a failed episode's row."""
+  token_turns_BxT = np.full((len(eps), width), -1, np.int32)
+  for i, ep in enumerate(eps):
+    if failed[i]:
+      continue
+    offset = width - len(ep.tokens())
+    for j, (turn, start) in enumerate(zip(ep.turns, ep.reply_starts())):
+      token_turns_BxT[i, offset + start : offset + start + len(turn.reply)] = j
+  return token_turns_BxT
+
+
+def turn_batch(eps: List[Episode], k: int, failed: np.ndarray, token_turns) -> TurnBatch:
+  """The per-turn records (batch.TurnBatch) of episodes; a failed episode's turns are invalid.
+  `token_turns` is the layout's token-to-turn map."""
   b = len(eps)
   rewards_BxK = np.zeros((b, k), np.float32)
   mask_BxK = np.zeros((b, k), np.int32)
   keys_BxK = np.zeros((b, k), np.int32)
-  token_turns_BxT = np.full((b, width), -1, np.int32)
   ids = state_keys.dense_ids([[t.state_key for t in ep.turns] for ep in eps])
   for i, ep in enumerate(eps):
     if failed[i]:
@@ -276,10 +358,7 @@ def turn_batch(eps: List[Episode], k: int, width: int, failed: np.ndarray) -> Tu
     rewards_BxK[i, :n] = [t.reward for t in ep.turns]
     mask_BxK[i, :n] = 1
     keys_BxK[i, :n] = [ids[t.state_key] for t in ep.turns]
-    offset = width - len(ep.tokens())
-    for j, (turn, start) in enumerate(zip(ep.turns, ep.reply_starts())):
-      token_turns_BxT[i, offset + start : offset + start + len(turn.reply)] = j
-  return TurnBatch(rewards_BxK, mask_BxK, keys_BxK, token_turns_BxT)
+  return TurnBatch(rewards_BxK, mask_BxK, keys_BxK, token_turns)
 
 
 def episode_metrics(eps: List[Episode]) -> Dict[str, np.ndarray]:
@@ -300,6 +379,8 @@ def episode_metrics(eps: List[Episode]) -> Dict[str, np.ndarray]:
       "num_turns": per(lambda ep: len(ep.turns)),
       "response_length": per(lambda ep: sum(len(t.reply) for t in ep.turns)),
       "context_truncated": per(lambda ep: ep.context_truncated),
+      # Ended by its turn or action budget: neither the environment, the context nor a fault.
+      "turn_limit": per(lambda ep: not (ep.env_done or ep.context_truncated or ep.env_error)),
       "env_error": per(lambda ep: bool(ep.env_error)),
       "return": per(lambda ep: ep.score),
   }

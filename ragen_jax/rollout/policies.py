@@ -85,6 +85,9 @@ class TurnInputs:
   episodes: List[Episode]
   states: Callable[[Sequence[int]], Dict[int, Any]]  # episodes' states (rollout.env_batch)
   key: jax.Array
+  # Window modes: the rows' system-message tokens (ids_BxP, mask_BxP), whose slots open every
+  # turn's cache, ids_BxC being the rest of each prompt; None: ids_BxC extends the cache.
+  prefix: Any = None
 
 
 @dataclasses.dataclass
@@ -103,6 +106,7 @@ class LLMPolicy:
     self.graphdef, self.params = nnx.split(model)
     self.capacity, self.options, self.rows = capacity, options, rows
     self.cache = models.init_cache(model.config, rows.total, capacity)
+    self._prefix_cache = None  # window modes: the system message's slots (`_system`)
     if rows.sharder is not None:
       self.cache = jax.device_put(self.cache, rows.sharder.cache(self.cache))
 
@@ -111,7 +115,9 @@ class LLMPolicy:
     ids_BxC, mask_BxC, active_B = (
         self.rows.to_global(x) for x in (inputs.ids_BxC, inputs.mask_BxC, inputs.active_B)
     )
-    if inputs.turn > 1:
+    if inputs.prefix is not None:  # a window: an empty cache opened by the system slots
+      self.cache = sampling.restore_prefix(self.cache, self._system(inputs.prefix))
+    elif inputs.turn > 1:
       self.cache = sampling.compact(self.cache, jnp.asarray(active_B))
     elif not self.rows.split:  # a split batch's other rows are not on this host to compare
       shared = split_shared_prefix(ids_BxC, mask_BxC, active_B, self.options.pad_id)
@@ -142,6 +148,19 @@ class LLMPolicy:
         options=self.options,
     )
     return Replies(*self.rows.to_local(out))
+
+  def _system(self, prefix):
+    """The system message's keys and values (window modes), prefilled on the first turn: one
+    row when every row holds the same tokens, else one per row."""
+    if self._prefix_cache is None:
+      ids_BxP, mask_BxP = prefix
+      shared = not self.rows.split and bool(np.all(ids_BxP == ids_BxP[:1]))
+      if shared:
+        ids_BxP, mask_BxP = ids_BxP[:1], mask_BxP[:1]
+      else:
+        ids_BxP, mask_BxP = self.rows.to_global(ids_BxP), self.rows.to_global(mask_BxP)
+      self._prefix_cache = sampling.prefill(self.graphdef, self.params, ids_BxP, mask_BxP)
+    return self._prefix_cache
 
 
 def split_shared_prefix(ids_BxC, mask_BxC, active_B, pad_id: int, min_prefix: int = 64):

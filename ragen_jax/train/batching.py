@@ -1,7 +1,7 @@
 """The host side of a training step: the environments' batches joined into one, and the rollout's
 metrics (RAGEN's per-tag rollout figures, where the rollout's time went, the batch's lengths).
 
-Dimension legend: B episodes, T tokens, K turns.
+Dimension legend: B rows (episodes, or one per turn with a context window), T tokens, K turns.
 """
 
 import functools
@@ -35,7 +35,10 @@ def join_batches(batches: List[RolloutBatch], pad_multiple: int, pad_id: int) ->
   width = max(max(_used_width(b) for b in batches), 1)
   width += -width % pad_multiple
   pad = functools.partial(_left_pad, width=width)
-  parts, offset = [], 0
+  parts, offset, episodes = [], 0, 0
+  per_turn = [b.row_episodes_R is not None for b in batches]
+  if any(per_turn) and not all(per_turn):
+    raise ValueError("batches of one training step mix one row per episode and one per turn")
   k = max((b.turns.mask_BxK.shape[1] for b in batches if b.turns is not None), default=0)
   for b in batches:
     parts.append(
@@ -49,7 +52,10 @@ def join_batches(batches: List[RolloutBatch], pad_multiple: int, pad_id: int) ->
             scores_B=np.asarray(b.scores_B),
         )
     )
+    if b.row_episodes_R is not None:  # one row per turn: rows point at the joined episodes
+      parts[-1]["row_episodes_R"] = np.asarray(b.row_episodes_R) + episodes
     offset += int(np.max(np.asarray(b.group_ids_B))) + 1
+    episodes += len(b.group_ids_B)
   joined = RolloutBatch(**{k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
   if any(b.turns is None for b in batches):
     return joined
@@ -111,11 +117,21 @@ def rollout_cost(results: Dict[str, Any]) -> Dict[str, float]:
 
 
 def batch_metrics(batch: RolloutBatch) -> Dict[str, float]:
-  """Lengths and size of the (host) training batch."""
+  """Lengths and size of the (host) training batch: per episode, or with a context window per
+  played turn's row (`train/rows_used`: the share of the episodes x max_turns rows played)."""
   response = batch.loss_mask_BxT.sum(axis=1)
-  return {
-      "response_length/mean": float(response.mean()),
-      "prompt_length/mean": float(batch.attention_mask_BxT.sum(1).mean() - response.mean()),
+  attended = batch.attention_mask_BxT.sum(1)
+  played = np.ones(response.shape, bool)
+  if batch.row_episodes_R is not None:
+    played = batch.loss_mask_BxT.any(axis=1)
+  response, attended = response[played], attended[played]
+  mean = lambda x: float(x.mean()) if x.size else 0.0
+  out = {
+      "response_length/mean": mean(response),
+      "prompt_length/mean": float(attended.mean() - response.mean()) if response.size else 0.0,
       "train/batch_size": float(batch.tokens_BxT.shape[0]),
       "train/seq_len": float(batch.tokens_BxT.shape[1]),
   }
+  if batch.row_episodes_R is not None:
+    out["train/rows_used"] = float(played.mean())
+  return out

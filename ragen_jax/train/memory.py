@@ -10,9 +10,11 @@ Terms (bytes per device, the mesh dividing what it shards):
   reference    the frozen reference policy, in the parameters' dtype (only with the KL loss; 0
                with LoRA, whose reference is the actor's own base weights)
   kv_cache     the rollout's cache: L x B x S x K x Dh x 2 (k and v), S the slots the engine
-               allocates (`RolloutConfig.cache_slots`), B over data x fsdp and K over the
-               tensor axis
-  activations  the train step's live activations for one micro-batch of U sequences of T tokens:
+               allocates (`RolloutConfig.cache_slots`: with a context window max_context bounds
+               one turn's prompt and reply, so S does not grow with the turns), B over
+               data x fsdp and K over the tensor axis
+  activations  the train step's live activations for one micro-batch of U rows of T tokens
+               (rows: episodes, or episodes x max_turns with a context window; T max_context):
                with `remat` one [U, T, D] residual per layer plus one layer's internals
                (~(4D + 2F + 2·H·Dh) per token); without it every layer's internals
                (~(10D + 3F + 3·H·Dh) per token per layer, a coarse count of what the backward pass
@@ -94,7 +96,8 @@ def estimate(exp, config: models.ModelConfig, sharder) -> Dict[str, float]:
       * 2
       * abytes
   )
-  micro = exp.train_episodes // (ppo.num_minibatches * ppo.micro_batches)
+  rows = exp.train_episodes * (r.max_turns if r.window is not None else 1)  # a row per turn
+  micro = rows // (ppo.num_minibatches * ppo.micro_batches)
   tokens = _sharded(((micro, "batch"),), sharder) * r.max_context
   d, f, hdh = c.hidden_size, c.intermediate_size, c.num_heads * c.head_dim
   if c.remat:

@@ -151,6 +151,7 @@ class DemoStream:
     rows = [
         (tokens[i, -n:], attn[i, -n:], loss[i, -n:])  # each row without its left padding
         for i, n in enumerate(attn.sum(axis=1))
+        if b.row_episodes_R is None or loss[i].any()  # a window's rows of unplayed turns: none
     ]
     order = np.random.default_rng(seed).permutation(len(rows))
     self.buffers[name].extend(rows[i] for i in order)

@@ -87,6 +87,19 @@
       head.appendChild(el("span", "reward", step.actions_left + " actions left"));
     }
     card.appendChild(head);
+    if (step.saw) {  // a context window: what this turn's prompt held
+      var shown = step.saw.first === null || step.saw.first > step.saw.last ? "no earlier turn" :
+          step.saw.first === step.saw.last ? "turn " + step.saw.first :
+          "turns " + step.saw.first + "\u2013" + step.saw.last;
+      card.appendChild(el("div", "muted", "Saw: the system prompt, " + shown +
+                          (step.saw.memory ? ", the memory below" : "") + " and this state"));
+      if (step.saw.memory) {
+        var mem = el("details");
+        mem.appendChild(el("summary", null, "memory (stands in for earlier turns)"));
+        mem.appendChild(el("pre", null, step.saw.memory));
+        card.appendChild(mem);
+      }
+    }
     var cols = el("div", "cols");
     var left = el("div"), right = el("div");
     left.appendChild(el("div", "label", "State"));
@@ -129,6 +142,9 @@
     badges.appendChild(el("span", "badge", "return " + num(ep.reward)));
     var turns = ep.turns === null ? ep.steps.length : ep.turns;
     badges.appendChild(el("span", "badge", turns + " turns"));
+    if (ep.window !== null) {
+      badges.appendChild(el("span", "badge", "window: last " + ep.window + " turns"));
+    }
     badges.appendChild(el("span", "badge" + (ep.context_truncated ? " warn" : ""),
                           "context truncated: " + (ep.context_truncated ? "yes" : "no")));
     head.appendChild(badges);

@@ -13,7 +13,8 @@ probabilities), so `jax.jit(env.step)` closes over it and `jax.vmap` maps over s
 An environment that can demonstrate defines `expert(state) -> (plan as action indices or None,
 short reasoning text)` for one unbatched state: the scripted expert of `ragen_jax.warm_start.demos`.
 `episode_metrics(observation)` gives figures of an episode's last observation that training logs
-beside the rollout's own (2048's largest tile); none by default.
+beside the rollout's own (2048's largest tile); none by default. `memory(history)` gives the
+text that stands in for the turns a context window leaves out; none by default.
 Stepping a finished episode is a no-op with zero reward (the batch keeps its static shape while
 other episodes continue). An out-of-range action is a no-op that costs no step and reports
 `action_is_valid=False`.
@@ -80,6 +81,13 @@ class Env(abc.ABC):
     rollout's metrics (`ragen_jax.train.batching.add_env_metrics`); none by default."""
     del observation
     return {}
+
+  def memory(self, history: Sequence[Dict[str, str]]) -> str:
+    """RAGEN's memory hook for context windows (`rollout.context_window`): text standing in
+    for the turns a prompt leaves out, given their chat messages (user and assistant, in
+    order); it opens the first user message shown. None by default ("")."""
+    del history
+    return ""
 
   def instruction(self, render_format: str = "grid") -> str:
     """RAGEN's system-prompt text for this environment and render format ("" for Bandit,

@@ -1,0 +1,125 @@
+"""Context windows: each turn's prompt holds the system message, the last k turns and the current
+observation, and each turn is its own training row (`RolloutConfig.context_window`).
+
+    rollout.context_window = "last_k"; rollout.window_turns = 5    # RAGEN's 2048 and Lean
+    rollout.context_window = "single_turn"                         # k = 0
+
+The prompt of turn t is the chat template of [system, user/assistant messages of turns
+max(1, t - k) .. t - 1, the current user message] (as the conversation recorded them), plus the
+generation prefix. An environment that defines `memory(history) -> str` (RAGEN's hook) gets the
+messages of the turns left out (user and assistant, in order) and its text opens the first user
+message shown, standing in for them. When the window does not fit `max_context` with
+`max_new_tokens`, its oldest turns leave it (and join the memory) until it does; an episode whose
+current turn alone does not fit, or whose user turn exceeds `max_turn_tokens`, stops before the
+turn (`context_truncated`), as in full mode.
+
+The KV cache is rebuilt every turn: the system message's slots, prefilled once per batch when
+every episode shares it (else once per episode, `policies.LLMPolicy`), are copied into an empty
+cache and each row's rest of the prompt is prefilled after them. Its size is the window's, not
+the episode's: a 200-turn episode needs the cache of a short one.
+
+Training rows (`RolloutBatch.row_episodes_R`): row b·K + j holds turn j of episode b, exactly the
+tokens the sampler saw followed by the reply (loss mask on the reply); rows of turns not played
+(or of an episode that failed) are empty with one attended padding token. Episode-level arrays
+(scores, group ids, the per-turn records) stay per episode; advantages are computed per episode
+or per turn and read by each row through `row_episodes_R` (ragen_jax.algos.train_step).
+
+Dimension legend: B episodes, K turns (max_turns), R = B·K rows, T tokens of a row.
+"""
+
+import dataclasses
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from ragen_jax import sampling
+from ragen_jax.rollout import prompts
+
+Message = Dict[str, str]
+Memory = Callable[[Sequence[Message]], str]
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowPrompt:
+  ids: List[int]  # the whole prompt, generation prefix included
+  shown_from: int  # the first earlier turn shown (0-based); = turns played when none
+  memory: str  # the memory text standing in for turns 0 .. shown_from - 1 ("" if none)
+
+
+def memory_hook(env) -> Optional[Memory]:
+  """The environment's `memory(history) -> str`, or None when it defines none.
+
+  Pure-JAX environments define it as a method (`envs.Env.memory` returns None by default); a
+  text environment's class defines it as a static or class method (`HostEnv.memory`).
+  """
+  hook = getattr(env, "memory", None)
+  return hook if callable(hook) else None
+
+
+def prompt(ep, user: str, tok, config, memory: Optional[Memory]) -> Optional[WindowPrompt]:
+  """The prompt of the episode's next turn, whose user message is `user`; None if it cannot
+  fit `max_context` even with no earlier turn shown."""
+  played = len(ep.turns)
+  prefix = prompts.generation_prefix(config.enable_think)
+  for start in range(max(0, played - ep.window), played + 1):
+    dropped = ep.messages[1 : 1 + 2 * start]
+    text = memory(list(dropped)) if memory is not None and dropped else ""
+    if not isinstance(text, str):
+      raise TypeError(f"an environment's memory() must return a string, got {type(text).__name__}")
+    messages = [dict(m) for m in ep.messages[:1] + ep.messages[1 + 2 * start :]]
+    messages.append({"role": "user", "content": user})
+    if text:
+      messages[1]["content"] = f"{text}\n{messages[1]['content']}"
+    ids = tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True) + prefix)
+    if len(ids) + config.max_new_tokens <= config.max_context:
+      return WindowPrompt(ids, start, text)
+  return None
+
+
+def system_ids(ep, tok) -> List[int]:
+  """The tokens of the episode's system message alone (the prefix its prompts share)."""
+  return tok.encode(tok.apply_chat_template(ep.messages[:1]))
+
+
+def prefix_length(ids: Sequence[int], system: Sequence[int]) -> int:
+  """How many leading tokens of a prompt are the system message's (0 when the template does
+  not tokenise it as a prefix; the prompt is then prefilled whole)."""
+  n = len(system)
+  return n if n < len(ids) and list(ids[:n]) == list(system) else 0
+
+
+def rows(eps, k: int, pad_id: int, failed: np.ndarray, use_turn_scores: bool):
+  """The row layout: ({name: [R, T] array}, token_turns_RxT, row_episodes_R); see the module doc.
+
+  Rewards sit as in the sequence layout: each turn's reward on its last token
+  (`use_turn_scores`), else the episode's score on its last turn's last token.
+  """
+  b = len(eps)
+  lengths = [len(t.context) + len(t.reply) for ep in eps for t in ep.turns]
+  width = sampling.bucket(max(lengths + [1]))
+  r = b * k
+  arrays = {
+      "tokens": np.full((r, width), pad_id, np.int32),
+      "mask": np.zeros((r, width), np.int32),
+      "loss": np.zeros((r, width), np.int32),
+      "logprobs": np.zeros((r, width), np.float32),
+      "rewards": np.zeros((r, width), np.float32),
+  }
+  token_turns_RxT = np.full((r, width), -1, np.int32)
+  arrays["mask"][:, -1] = 1  # an empty row attends one padding token (attention well defined)
+  for i, ep in enumerate(eps):
+    if failed[i]:
+      continue
+    for j, turn in enumerate(ep.turns):
+      row, n_ctx, n_reply = i * k + j, len(turn.context), len(turn.reply)
+      lo = width - n_ctx - n_reply
+      arrays["tokens"][row, lo:] = turn.context + turn.reply
+      arrays["mask"][row, lo:] = 1
+      arrays["loss"][row, width - n_reply :] = 1
+      arrays["logprobs"][row, width - n_reply :] = turn.logprobs
+      token_turns_RxT[row, width - n_reply :] = j
+      if use_turn_scores:
+        arrays["rewards"][row, -1] += turn.reward
+      elif j == len(ep.turns) - 1:
+        arrays["rewards"][row, -1] += ep.score
+  return arrays, token_turns_RxT, np.repeat(np.arange(b, dtype=np.int32), k)
