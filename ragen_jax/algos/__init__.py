@@ -26,6 +26,8 @@ from ragen_jax.algos.logprobs import sequence_logprobs
 from ragen_jax.algos.losses import agg_loss
 from ragen_jax.algos.losses import kl_penalty
 from ragen_jax.algos.losses import policy_loss
+from ragen_jax.algos.losses import rollout_correction_metrics
+from ragen_jax.algos.losses import rollout_correction_weights
 from ragen_jax.algos.losses import value_loss
 from ragen_jax.algos.train_step import actor_module
 from ragen_jax.algos.train_step import init_train_state

@@ -13,7 +13,7 @@ from absl import logging
 
 from ragen_jax.algos.advantages import GIGPO_NORMS
 from ragen_jax.algos.filtering import STRATEGIES
-from ragen_jax.algos.losses import AGG_MODES, KL_KINDS
+from ragen_jax.algos.losses import AGG_MODES, KL_KINDS, ROLLOUT_CORRECTIONS
 from ragen_jax.algos.optim import MOMENT_DTYPES
 from ragen_jax.config_checks import check_fields, check_value, Range
 from ragen_jax.config_checks import NonNegativeFloat, PositiveFloat, PositiveInt, UnitFloat
@@ -60,6 +60,12 @@ class PPOConfig:
     vf_coef: weight of the value loss in the joint loss of the shared-trunk critic.
     recompute_old_logprobs: old log-probs from the current actor (veRL, RAGEN) rather than
       the rollout engine's `logprobs_BxT`.
+    rollout_correction: weights on each token's policy loss for the gap between the policy that
+      sampled the batch (its `logprobs_BxT`) and the recomputed old policy, r = π_old/μ:
+      "none", "tis" (min(r, C)), "icepop" (tokens with r outside [1/C, C] masked) or
+      "seq_mask" (a sequence masked when its tokens' geometric-mean r is outside [1/C, C])
+      (losses.rollout_correction_weights). Needs recompute_old_logprobs (else r = 1).
+    rollout_correction_cap: C >= 1 (2.0: Tunix's and SkyRL's token threshold).
     positive_advantages_only: replace each advantage A by max(A, 0): episodes (or tokens, under
       GAE) below the baseline get no gradient, so nothing is pushed down (not in RAGEN).
     filter_*: StarPO-S rollout filter (filtering.filter_groups); top_p 1.0 with include_zero
@@ -97,6 +103,8 @@ class PPOConfig:
   critic: str = "separate"
   vf_coef: NonNegativeFloat = 1.0
   recompute_old_logprobs: bool = True
+  rollout_correction: str = "none"
+  rollout_correction_cap: Annotated[float, Range(1)] = 2.0
   positive_advantages_only: bool = False
   filter_strategy: str = "top_p"
   filter_value: PositiveFloat = 1.0  # min_p: also <= 1
@@ -137,6 +145,15 @@ class PPOConfig:
         f"moment_dtype must be one of {MOMENT_DTYPES}, got {self.moment_dtype!r}",
     )
     check(self.agg_mode in AGG_MODES, f"agg_mode must be one of {AGG_MODES}, got {self.agg_mode!r}")
+    check(
+        self.rollout_correction in ROLLOUT_CORRECTIONS,
+        f"rollout_correction must be one of {ROLLOUT_CORRECTIONS}, got {self.rollout_correction!r}",
+    )
+    check(
+        self.rollout_correction == "none" or self.recompute_old_logprobs,
+        f"rollout_correction={self.rollout_correction!r} needs ppo.recompute_old_logprobs=True: "
+        "without it the old log-probs are the sampler's and every ratio is 1",
+    )
     check(self.kl_type in KL_KINDS, f"kl_type must be one of {KL_KINDS}, got {self.kl_type!r}")
     check(
         self.critic in ("separate", "shared"),

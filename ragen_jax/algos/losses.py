@@ -1,4 +1,5 @@
-"""StarPO losses: loss aggregation, clipped policy loss, clipped value loss, KL estimators.
+"""StarPO losses: loss aggregation, clipped policy loss, clipped value loss, KL estimators,
+rollout-correction weights.
 
 veRL's mathematics as pinned by RAGEN (verl v0.6.1; shared/reference/rl_math.md §4-§7).
 All functions are pure jnp, jit-able and differentiable in their first argument.
@@ -8,12 +9,14 @@ Dimensions:
   T: token positions.
 """
 
+from jax import lax
 import jax.numpy as jnp
 
 from ragen_jax.algos.advantages import masked_mean
 
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_KINDS = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
+ROLLOUT_CORRECTIONS = ("none", "tis", "icepop", "seq_mask")
 LOG_RATIO_CLAMP = 20.0  # |log π/π_old| clamp in the policy loss and on k3's exponent
 K3_VALUE_CLAMP = 10.0  # k3 value clamp
 
@@ -58,6 +61,7 @@ def policy_loss(
     clip_c,
     agg_mode="token-mean",
     loss_scale_factor=None,
+    weights_BxT=None,
 ):
   """Dual-clip PPO policy loss with decoupled clip range (veRL compute_policy_loss_vanilla).
 
@@ -67,6 +71,8 @@ def policy_loss(
     ℓ = clamp(logp − old_logp, −20, 20), ρ = e^ℓ
     L1 = −A·ρ,  L2 = −A·clip(ρ, 1 − clip_low, 1 + clip_high),  Lc = max(L1, L2)
     L  = min(Lc, −A·c) if A < 0 else Lc              (dual clip on negative advantages)
+    L ← L·w  with `weights_BxT` w (rollout correction), after clipping; agg_loss's normaliser
+             is unchanged
     pg_loss = agg_loss(L, m, agg_mode)   (loss_scale_factor: see agg_loss)
 
   Metrics (masked means with the 1e-8 denominator):
@@ -85,6 +91,8 @@ def policy_loss(
   loss3 = -adv * clip_c
   loss_dual = jnp.minimum(loss_clipped, loss3)
   loss_BxT = jnp.where(adv < 0, loss_dual, loss_clipped)
+  if weights_BxT is not None:
+    loss_BxT = loss_BxT * weights_BxT
   pg_loss = agg_loss(loss_BxT, mask_BxT, agg_mode, loss_scale_factor)
   metrics = {
       "pg_loss": pg_loss,
@@ -95,6 +103,65 @@ def policy_loss(
       ),
   }
   return pg_loss, metrics
+
+
+def _rollout_log_ratio(old_logp_BxT, sampler_logp_BxT, mask_BxT):
+  """log r = clamp(old − sampler, ±20), 0 off the mask (whatever the padding holds there)."""
+  diff = old_logp_BxT.astype(jnp.float32) - sampler_logp_BxT.astype(jnp.float32)
+  return jnp.where(mask_BxT > 0, jnp.clip(diff, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP), 0.0)
+
+
+def rollout_correction_weights(old_logp_BxT, sampler_logp_BxT, mask_BxT, *, mode, cap):
+  """Per-token weights of the policy loss correcting for the sampler/trainer mismatch.
+
+  r = exp(clamp(old_logp − sampler_logp, ±20)) per token: the trained policy at the start of
+  the step (π_old, recomputed) over the policy that sampled (μ). With C = `cap` (>= 1):
+    tis:      w = min(r, C)                                  (truncated importance sampling)
+    icepop:   w = [1/C <= r <= C]                            (out-of-band tokens masked)
+    seq_mask: w = [1/C <= g <= C] for every token of a row, g = exp(mean_m log r), the row's
+              geometric mean over its loss tokens          (the whole sequence kept or masked)
+    none:     w = 1
+  w = 0 off the mask. The weights are constants of the update (no gradient).
+  """
+  if mode not in ROLLOUT_CORRECTIONS:
+    raise ValueError(f"unknown rollout correction {mode!r}; expected one of {ROLLOUT_CORRECTIONS}")
+  on_BxT = mask_BxT > 0
+  log_r_BxT = _rollout_log_ratio(old_logp_BxT, sampler_logp_BxT, mask_BxT)
+  r_BxT = jnp.exp(log_r_BxT)
+  if mode == "none":
+    w_BxT = jnp.ones_like(r_BxT)
+  elif mode == "tis":
+    w_BxT = jnp.minimum(r_BxT, cap)
+  elif mode == "icepop":
+    w_BxT = ((r_BxT >= 1.0 / cap) & (r_BxT <= cap)).astype(jnp.float32)
+  else:
+    n_B = jnp.sum(on_BxT, axis=-1)
+    g_B = jnp.exp(jnp.sum(log_r_BxT, axis=-1) / jnp.maximum(n_B, 1))
+    w_BxT = jnp.broadcast_to(((g_B >= 1.0 / cap) & (g_B <= cap))[:, None], r_BxT.shape)
+    w_BxT = w_BxT.astype(jnp.float32)
+  return lax.stop_gradient(jnp.where(on_BxT, w_BxT, 0.0))
+
+
+def rollout_correction_metrics(old_logp_BxT, sampler_logp_BxT, mask_BxT, *, mode, cap):
+  """Statistics of r over the loss tokens (0 when there are none):
+  `rollout_correction/ratio_{mean,min,max}`, and the share of loss tokens whose loss is
+  truncated (tis: r > C, `truncated_share`) or masked (icepop, seq_mask: w = 0, `masked_share`).
+  """
+  on_BxT = mask_BxT > 0
+  maskf_BxT = on_BxT.astype(jnp.float32)
+  r_BxT = jnp.exp(_rollout_log_ratio(old_logp_BxT, sampler_logp_BxT, mask_BxT))
+  any_on = jnp.any(on_BxT)
+  metrics = {
+      "ratio_mean": masked_mean(r_BxT, maskf_BxT),
+      "ratio_min": jnp.where(any_on, jnp.min(jnp.where(on_BxT, r_BxT, jnp.inf)), 0.0),
+      "ratio_max": jnp.max(jnp.where(on_BxT, r_BxT, 0.0)),
+  }
+  if mode == "tis":
+    metrics["truncated_share"] = masked_mean((r_BxT > cap).astype(jnp.float32), maskf_BxT)
+  elif mode in ("icepop", "seq_mask"):
+    w_BxT = rollout_correction_weights(old_logp_BxT, sampler_logp_BxT, mask_BxT, mode=mode, cap=cap)
+    metrics["masked_share"] = masked_mean((w_BxT == 0).astype(jnp.float32), maskf_BxT)
+  return {f"rollout_correction/{k}": v for k, v in metrics.items()}
 
 
 def value_loss(

@@ -121,6 +121,9 @@ class UpdateData:
   old_values_BxT: jax.Array | None  # None without a critic
   returns_BxT: jax.Array | None  # None without a critic
   ref_logp_BxT: jax.Array | None  # None unless use_kl_loss
+  # Rollout-correction weights of the policy loss (losses.rollout_correction_weights); None
+  # when ppo.rollout_correction is "none".
+  pg_weights_BxT: jax.Array | None = None
 
 
 class Learner(NamedTuple):

@@ -169,6 +169,7 @@ def actor_terms(cfg: PPOConfig, logp_BxT, entropy_BxT, mb: UpdateData):
       clip_c=cfg.clip_c,
       agg_mode=cfg.agg_mode,
       loss_scale_factor=cfg.loss_scale_factor,
+      weights_BxT=mb.pg_weights_BxT,
   )
   loss, metrics = pg, {f"actor/{k}": v for k, v in pg_metrics.items()}
   if cfg.entropy_coeff > 0:
@@ -412,11 +413,17 @@ def update_data(cfg: PPOConfig, sel: Selection, old: OldPass, adv: Advantages) -
   """The update's inputs; old values and returns are None without a critic.
 
   Old log-probs are the current actor's (veRL, RAGEN), or the sampler's when
-  recompute_old_logprobs is False.
+  recompute_old_logprobs is False. The rollout-correction weights of the policy loss are
+  computed here, once per step.
   """
   old_logp_BxT = (
       old.logp_BxT if cfg.recompute_old_logprobs else sel.batch.logprobs_BxT.astype(jnp.float32)
   )
+  pg_weights_BxT = None
+  if cfg.rollout_correction != "none":  # "none" leaves the step's program as it was
+    pg_weights_BxT = losses.rollout_correction_weights(
+        old.logp_BxT, sel.batch.logprobs_BxT, sel.mask_BxT, **_correction(cfg)
+    )
   with_values = adv.values_BxT is not None
   return UpdateData(
       tokens_BxT=sel.tokens_BxT,
@@ -427,7 +434,12 @@ def update_data(cfg: PPOConfig, sel: Selection, old: OldPass, adv: Advantages) -
       old_values_BxT=adv.values_BxT,
       returns_BxT=adv.returns_BxT if with_values else None,
       ref_logp_BxT=old.ref_logp_BxT,
+      pg_weights_BxT=pg_weights_BxT,
   )
+
+
+def _correction(cfg: PPOConfig):
+  return dict(mode=cfg.rollout_correction, cap=cfg.rollout_correction_cap)
 
 
 def _minibatch(spec: StepSpec, data: UpdateData, skipped, learner: Learner, idx_MxU):
@@ -526,6 +538,12 @@ def batch_metrics(cfg: PPOConfig, sel: Selection, old: OldPass, adv: Advantages)
   )
   metrics["training/rollout_probs_diff_mean"] = adv_lib.masked_mean(probs_diff_BxT, maskf_BxT)
   metrics["training/rollout_probs_diff_max"] = jnp.max(jnp.where(mask_BxT, probs_diff_BxT, 0.0))
+  if cfg.rollout_correction != "none":
+    metrics.update(
+        losses.rollout_correction_metrics(
+            old.logp_BxT, sel.batch.logprobs_BxT, mask_BxT, **_correction(cfg)
+        )
+    )
   if adv.step_group_share is not None:  # whether GiGPO's step level has anything to compare
     metrics["gigpo/step_group_share"] = adv.step_group_share
   for name in ("in_group_reward_std", "filter_kept_ratio", "filter_kept_count"):
