@@ -115,6 +115,15 @@ def test_deepcoder_stdin_tests_and_ragen_feedback(tmp_path):
   assert math.isclose(reward, 1 / 3)  # the gain over the best share so far: returns sum to 1
 
 
+def test_the_problem_file_is_hidden_from_the_candidate(tmp_path):
+  path = _write(tmp_path, [DEEPCODER_STDIN])
+  env = envs.make("code", path=path, max_attempts=2).new()
+  env.reset(0)
+  cheat = f"import json\nprint(open({path!r}).read())"  # would find the expected outputs
+  observation, reward, _, _ = env.step(cheat)
+  assert reward == 0.0 and "Runtime error on test 0: FileNotFoundError" in observation
+
+
 def test_deepcoder_functional_tests_with_the_starter_class(tmp_path):
   env = envs.make("code", path=_write(tmp_path, [DEEPCODER_FUNCTIONAL])).new()
   assert env.reset(0).endswith("Starter code:\n" + DEEPCODER_FUNCTIONAL["starter_code"])

@@ -5,8 +5,10 @@ The isolation tests need root or user namespaces (CI runs as root); elsewhere th
 with the reason the sandbox gives.
 """
 
+import json
 import os
 import socket
+import subprocess
 import tempfile
 import textwrap
 import uuid
@@ -182,7 +184,7 @@ def test_a_child_left_behind_dies_with_the_run():
       print("left", pid)
       """)
   assert result.status == "ok" and result.stdout.startswith("left")
-  assert result.wall_s < LIMITS.wall_s  # the run did not wait for its child
+  assert not result.timed_out  # the run did not wait for its child
 
 
 def test_environment_is_not_inherited(monkeypatch):
@@ -202,3 +204,66 @@ def test_bad_configuration_is_refused():
     sb.Sandbox(sandbox="off")
   with pytest.raises(ValueError, match="wall_s"):
     sb.Limits(wall_s=0)
+
+
+# As an unprivileged user (the system's python, which that user can run; ragen_jax.envs's
+# package init, which imports JAX, is bypassed): user namespaces, or a clear refusal.
+_AS_USER = """
+import json, sys, types
+sys.path.insert(0, {root!r})
+import ragen_jax
+package = types.ModuleType("ragen_jax.envs")
+package.__path__ = [{root!r} + "/ragen_jax/envs"]
+sys.modules["ragen_jax.envs"] = package
+from ragen_jax.envs import sandbox as sb
+limits = sb.Limits(wall_s=1.5, cpu_s=1)
+try:
+  box = sb.Sandbox(limits=limits)
+  run = box.run(sys.argv[1])
+  print(json.dumps(["ran", box.isolation, run.stdout, run.status]))
+except sb.SandboxUnavailable as e:
+  none = sb.Sandbox(limits=limits, sandbox="none").run("print(7)")
+  print(json.dumps(["refused", str(e), none.stdout, none.isolation]))
+"""
+_PROBE = """
+import os, socket, time
+try:
+  socket.create_connection(("1.1.1.1", 53), timeout=1)
+  print("network")
+except OSError:
+  print("no network")
+if os.fork() == 0:
+  os.setsid()
+  time.sleep(60)
+  os._exit(0)
+print(os.getuid())
+"""
+
+
+def _as_nobody(*prefix: str) -> list:
+  if os.geteuid() != 0 or not os.path.exists(sb.SYSTEM_PYTHON):
+    pytest.skip("needs root (to become an unprivileged user) and the system's python")
+  script = _AS_USER.format(root=sb._CHECKOUT)
+  drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+  command = [*prefix, *drop, sb.SYSTEM_PYTHON, "-c", script, _PROBE]
+  out = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+  assert out.returncode == 0, out.stderr
+  assert not sb.processes_of([65534]), "a process of the unprivileged user is left"
+  return json.loads(out.stdout.splitlines()[-1])
+
+
+def test_an_unprivileged_user_runs_in_user_namespaces():
+  kind, isolation, stdout, status = _as_nobody()
+  assert (kind, isolation, status) == ("ran", "userns", "ok")
+  assert stdout.split() == ["no", "network", "65534"]
+
+
+def test_without_user_namespaces_it_refuses_unless_none_is_explicit(tmp_path):
+  # A chrooted process may not create user namespaces: the state of a host without them.
+  root = tmp_path / "root"
+  root.mkdir()
+  inner = f'mount --rbind / {root} && exec chroot {root} "$@"'
+  prefix = ["unshare", "--mount", "--propagation=private", "sh", "-c", inner, "sh"]
+  kind, message, stdout, isolation = _as_nobody(*prefix)
+  assert kind == "refused" and "sandbox='none'" in message and "user namespaces" in message
+  assert (stdout, isolation) == ("7\n", "none")

@@ -157,9 +157,11 @@ class Sandbox:
             "or user namespaces. Set sandbox='none' to run model-written code unisolated."
         )
       if result.returncode == 0:
-        if python != wanted:
-          log.warning(f"sandbox: {wanted} cannot run as the sandbox's uid; using {python}")
-        log.info(f"sandbox: programs run with {python} ({self.isolation} isolation)")
+        # A configured interpreter that cannot run is worth a warning; the default one (a
+        # virtualenv under a root-only home) is the expected case.
+        say = log.warning if python != wanted and self.python else log.info
+        reason = f" ({wanted} cannot run in the sandbox)" if python != wanted else ""
+        say(f"sandbox: programs run with {python}{reason}; {self.isolation} isolation")
         return python
       tried.append(f"{python}: {result.status} {result.stderr.strip()[-200:]!r}")
     raise SandboxUnavailable(f"no interpreter runs in the sandbox; tried {'; '.join(tried)}")
@@ -185,7 +187,8 @@ class Sandbox:
 
   def _hidden(self) -> list:
     home = os.path.expanduser("~")
-    wanted = (_CHECKOUT, home, *self.hidden)
+    checkout = _CHECKOUT if os.path.exists(os.path.join(_CHECKOUT, "setup.py")) else ""
+    wanted = (checkout, home, *self.hidden)
     return sorted({os.path.abspath(d) for d in wanted if d and os.path.abspath(d) != "/"})
 
 
@@ -282,7 +285,7 @@ def _collect(proc: subprocess.Popen, deadline: float, keep: int):
     with contextlib.suppress(ProcessLookupError):
       proc.send_signal(signal.SIGTERM)
     with contextlib.suppress(subprocess.TimeoutExpired):
-      proc.wait(1.0)
+      proc.wait(0.5)
     with contextlib.suppress(ProcessLookupError):
       os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()

