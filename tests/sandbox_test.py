@@ -5,6 +5,7 @@ The isolation tests need root or user namespaces (CI runs as root); elsewhere th
 with the reason the sandbox gives.
 """
 
+import concurrent.futures
 import json
 import os
 import socket
@@ -267,3 +268,30 @@ def test_without_user_namespaces_it_refuses_unless_none_is_explicit(tmp_path):
   kind, message, stdout, isolation = _as_nobody(*prefix)
   assert kind == "refused" and "sandbox='none'" in message and "user namespaces" in message
   assert (stdout, isolation) == ("7\n", "none")
+
+
+def test_concurrent_runs_get_their_own_uids_and_process_counts():
+  if os.geteuid() != 0:
+    pytest.skip("uids are per run only as root")
+  bomb = """
+      import os, time
+      while True:
+        try:
+          os.fork() or time.sleep(60)
+        except OSError:
+          break
+      print(os.getuid())
+      time.sleep(0.5)
+      """
+  calm = """
+      import os, subprocess, time
+      time.sleep(0.2)
+      subprocess.run(["true"], check=True)
+      print(os.getuid())
+      """
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    results = list(pool.map(lambda code: _box().run(textwrap.dedent(code)), [bomb, calm]))
+  assert results[1].status == "ok", results[1]  # the other run's fork bomb took none of its slots
+  uids = [int(r.stdout.split()[0]) for r in results]
+  assert uids[0] != uids[1] and all(u in _sandbox_uids() for u in uids)
+  assert not sb.processes_of(_sandbox_uids())

@@ -25,6 +25,7 @@ Wrong answer on test i: got X expected Y" (or "Runtime error on test i: ..."), a
 a later answer pays only its gain over the best share so far (RAGEN pays every answer's share,
 which pays failing repeatedly), so an episode's return is its best share. The episode ends on
 success ("Correct!") or after `max_attempts` answers ("Incorrect.").
+An empty answer uses an attempt too (feedback "Empty action", RAGEN's words).
 `info`: success, action_is_valid and action_is_effective (the candidate parses), passed, tests
 and the 1-based attempt. `expert()`: the reference solution where the data has one.
 
