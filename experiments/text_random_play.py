@@ -8,7 +8,10 @@ uniformly random answer of the right form: Countdown, the given numbers in a ran
 by random operators (no parentheses); math, a random whole number from 0 to 100 per attempt;
 Sudoku (4x4), a random number in a random empty cell per placement, as many placements as the
 config's budget (5 turns of 2), under RAGEN's rewards or the dense scheme (`--sudoku_rewards`).
-Prints each environment's success rate and mean return over `plays` plays of every level.
+Code (the generated tasks' held-out split, the config's validation), a function of the right
+name returning one of 0, [], '' or its first argument, at most 2 plays a level (every answer
+runs 5 sandboxed tests). Prints each environment's success rate and mean return over `plays`
+plays of every level.
 """
 
 import argparse
@@ -16,6 +19,7 @@ import random
 
 import numpy as np
 
+from ragen_jax.envs.text.code_env import CodeEnv
 from ragen_jax.envs.text.countdown import Countdown
 from ragen_jax.envs.text.math_env import MathEnv
 from ragen_jax.envs.text.sudoku import format_action
@@ -29,6 +33,11 @@ def countdown_answer(env: Countdown, rng: random.Random) -> str:
   for n in numbers[1:]:
     text += f" {rng.choice('+-*/')} {n}"
   return text
+
+
+def code_answer(env: CodeEnv, rng: random.Random) -> str:
+  value = rng.choice(["0", "[]", "''", "args[0]"])
+  return f"def {env.problem.func_name}(*args):\n    return {value}"
 
 
 def sudoku_answer(env: Sudoku, rng: random.Random) -> str:
@@ -70,9 +79,12 @@ def main():
           sudoku_answer,
           10,
       ),
+      "code": (CodeEnv(split="test"), code_answer, 1),
   }
+  code_plays = min(args.plays, 2)
   for name, (env, answer, turns) in games.items():
-    success, mean_return = play(env, answer, args.levels, args.seed, args.plays, turns)
+    plays = code_plays if name == "code" else args.plays
+    success, mean_return = play(env, answer, args.levels, args.seed, plays, turns)
     print(f"{name}: random play success {success:.1%}, mean return {mean_return:.3f}")
 
 

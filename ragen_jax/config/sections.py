@@ -51,6 +51,9 @@ ENV_DEFAULTS = {
     "countdown": dict(max_actions_per_traj=1, max_tokens_hint=100),
     "math": dict(max_actions_per_traj=3, max_tokens_hint=100),
     "sudoku": dict(max_actions_per_traj=20, max_tokens_hint=100),
+    # Code runs tests in the sandbox: worker processes, and a turn's limit above the env's own
+    # (CodeEnv's step_budget_s 30 s + test_timeout_s 2 s + a second).
+    "code": dict(max_actions_per_traj=1, max_tokens_hint=400, pool="process", step_timeout_s=60.0),
 }
 
 

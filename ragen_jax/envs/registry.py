@@ -23,6 +23,7 @@ from ragen_jax.envs.device.frozenlake import FrozenLake
 from ragen_jax.envs.device.game2048 import Game2048
 from ragen_jax.envs.device.sokoban import Sokoban
 from ragen_jax.envs.host.records import MODES as POOL_MODES
+from ragen_jax.envs.text.code_env import CodeEnv
 from ragen_jax.envs.text.countdown import Countdown
 from ragen_jax.envs.text.math_env import MathEnv
 from ragen_jax.envs.text.sudoku import Sudoku
@@ -37,6 +38,7 @@ REGISTRY: Dict[str, Callable[..., Any]] = {
     "countdown": Countdown,
     "math": MathEnv,
     "sudoku": Sudoku,
+    "code": CodeEnv,  # writing code against tests, run in ragen_jax.envs.sandbox
 }
 
 
