@@ -3,8 +3,9 @@
 # CUDA build installed (the pinned pure-Python packages may be given as wheels in .whl/).
 #   bash experiments/bench/run_gpu.sh [OUTDIR] [PART ...]
 #       parts: kernels ceilings decode bound train sizes trainer (default all), learn (alone:
-#       ~7 min); STEP_TIMEOUT=s bounds each step (default 1800); LEARN_SECONDS=s trains each
-#       learn run that long (default 300)
+#       ~7 min), windows (alone: ~8 min); STEP_TIMEOUT=s bounds each step (default 1800);
+#       LEARN_SECONDS=s trains each learn run that long (default 300), WINDOW_SECONDS each
+#       windows run (default 420)
 # kernels: the GPU-only attention tests (cuDNN's fused kernel is in the program and matches);
 # ceilings: the card's matmul and memory ceilings; decode: decode/prefill vs transformers
 # generate (CUDA, bf16) on a Qwen2.5-0.5B-shaped random model; bound: decode at batch 64-256
@@ -13,7 +14,9 @@
 # attention) against PyTorch sdpa and the StarPO step's share of peak; trainer: the real trainer
 # for a few steps of sokoban_ppo on a random 0.5B checkpoint (rollout and train tokens/s);
 # learn: experiments/gpu_learn.py, the tiny model's warm start trained at 512 episodes a step
-# and evaluated before and after on 512 held-out Sokoban levels (learn.md, learn.json, learn.png).
+# and evaluated before and after on 512 held-out Sokoban levels (learn.md, learn.json, learn.png);
+# windows: configs/game2048_ppo.py with full context (8 moves) against a window of 5 turns (8 and
+# 16 moves), one seed each, with experiments/bench/context_window.py beside them.
 set -uo pipefail
 out=${1:-/tmp/gpu_bench}
 shift || true
@@ -40,6 +43,22 @@ size() {  # size PRESET T B JAX_PARTS: the JAX rows, then PyTorch's in a process
 }
 want learn && step learn python3 -m experiments.gpu_learn --out "$out" \
     --seconds "${LEARN_SECONDS:-300}"
+if want windows; then  # alone: WINDOW_SECONDS (default 420) of each run, all at once
+  arm() {  # arm NAME ARGS...: configs/game2048_ppo.py, stopped by SIGTERM (it saves and exits)
+    local name=$1; shift
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.2 timeout -s TERM -k 60 "${WINDOW_SECONDS:-420}" \
+        python3 launch.py "$@" --workdir="$out/2048_$name" --config.trainer.eval_every=5 \
+        > "$out/2048_$name.log" 2>&1 &
+  }
+  arm full8 --config=configs/game2048_ppo.py:full
+  arm window8 --config=configs/game2048_ppo.py --config.rollout.max_turns=8 \
+      --config.envs.game2048.max_actions_per_traj=8
+  arm window16 --config=configs/game2048_ppo.py
+  XLA_PYTHON_CLIENT_MEM_FRACTION=0.2 timeout "${WINDOW_SECONDS:-420}" python3 -m \
+      experiments.bench.context_window --turns 8,16,32 --episodes 32 > "$out/window_bench.log" 2>&1
+  wait
+  rm -rf "$out"/2048_*/checkpoints  # the events and the config stay
+fi
 want kernels && step kernels python3 -m pytest -q -p no:cacheprovider -n 0 \
     tests/models_attention_test.py -k "cudnn or gpu"
 want ceilings && step ceilings python3 experiments/bench/ceilings.py
