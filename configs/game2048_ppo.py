@@ -30,8 +30,9 @@ def get_config(arg=None):
   moves = 8 if full else 16  # CPU: RAGEN 700
   # RAGEN's window: the last 5 turns (~190 tokens each), the system message and the board.
   window = dict(max_context=1536, context_window="last_k", window_turns=5)
+  micro_batches = 8  # a row per turn: 8x the rows of full context in micro-batches as small
   if full:
-    window = dict(max_context=2048, context_window="full")
+    window, micro_batches = dict(max_context=2048, context_window="full"), 1
   return cs.experiment(
       arg,
       # CPU: 4 groups / 32 validation games.
@@ -39,7 +40,13 @@ def get_config(arg=None):
       # RAGEN: one action a turn.
       rollout=dict(max_turns=moves, max_actions_per_turn=1, max_turn_tokens=256, **window),
       # CPU: RAGEN 1e-6 / 1e-5.
-      ppo=dict(adv_estimator="gae", actor_lr=1e-4, critic_lr=1e-4, num_minibatches=2),
+      ppo=dict(
+          adv_estimator="gae",
+          actor_lr=1e-4,
+          critic_lr=1e-4,
+          num_minibatches=2,
+          micro_batches=micro_batches,
+      ),
       sft=dict(steps=100, batch_size=16, lr=1e-3, warmup_steps=10),  # CPU: the expert's moves
       trainer=dict(total_steps=40, eval_every=10, save_every=10, pad_multiple=512),
   )

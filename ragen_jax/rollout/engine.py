@@ -30,7 +30,10 @@ sampled tokens.
 
 Context: when an episode's next turn would not fit `max_context` (history + new user turn +
 `max_new_tokens`), or one user turn exceeds `max_turn_tokens`, the episode stops before that
-turn (never mid-turn) and `context_truncated` is 1 for it.
+turn (never mid-turn) and `context_truncated` is 1 for it. With a context window
+(`RolloutConfig.context_window`, rollout.windows) each turn's prompt is the system message, the
+last k turns and the current one instead, prefilled after the cached system slots into an
+emptied cache, and the batch holds one row per turn.
 
 Answers: with an action vocabulary, answer words are matched to it ignoring case and the
 environment receives the canonical names; without one (free text) the answer, special tokens

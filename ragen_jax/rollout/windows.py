@@ -77,8 +77,12 @@ def prompt(ep, user: str, tok, config, memory: Optional[Memory]) -> Optional[Win
 
 
 def system_ids(ep, tok) -> List[int]:
-  """The tokens of the episode's system message alone (the prefix its prompts share)."""
-  return tok.encode(tok.apply_chat_template(ep.messages[:1]))
+  """The tokens of the episode's system message alone (the prefix its prompts share), or none
+  when the chat template does not tokenise it as a prefix of a prompt (each prompt is then
+  prefilled whole)."""
+  ids = tok.encode(tok.apply_chat_template(ep.messages[:1]))
+  probe = ep.messages[:1] + [{"role": "user", "content": "?"}]
+  return ids if prefix_length(tok.encode_chat(probe, add_generation_prompt=True), ids) else []
 
 
 def prefix_length(ids: Sequence[int], system: Sequence[int]) -> int:
