@@ -21,7 +21,6 @@ per trajectory (messages, success, reward, turns), UTF-8 and replacing the file 
 """
 
 import json
-import os
 from typing import Any, Dict, Optional
 
 from absl import app
@@ -30,10 +29,8 @@ from absl import logging
 import jax
 
 from ragen_jax.config import cli
-from ragen_jax.models import checkpoint as hf_checkpoint
 from ragen_jax.config import schema
 from ragen_jax.train import launch_utils
-from ragen_jax.train import policy as policy_lib
 from ragen_jax.train import restore
 from ragen_jax.train import validation
 
@@ -48,42 +45,9 @@ _OUTPUT = flags.DEFINE_string(
 )
 
 
-def load_policy(config, checkpoint: Optional[str] = None):
-  """(model, tokenizer, config) to evaluate; the config is the run's when `config` is None."""
-  if checkpoint is not None and checkpoint_kind(checkpoint) == "run":
-    model, tok, run_config, step = restore.load_actor(checkpoint)
-    logging.info("evaluating step %d of the run in %s", step, checkpoint)
-    return model, tok, config if config is not None else run_config
-  if config is None:
-    raise ValueError("--config is required unless --checkpoint is a training run")
-  if checkpoint is not None:
-    config = config.copy_and_resolve_references()  # the caller's config stays as it was
-    with config.unlocked():
-      config.model.checkpoint = checkpoint
-      config.sft.steps = 0
-  model, tok = policy_lib.build(schema.from_config(config))
-  return model, tok, config
-
-
-def checkpoint_kind(path: str) -> str:
-  """What `path` holds, "run" or "hugging_face"; FileNotFoundError naming what it lacks.
-
-  A run's workdir holds a config.json too (its resolved config), so `checkpoints/` decides.
-  """
-  try:
-    restore.locate(path)
-    return "run"
-  except FileNotFoundError:
-    pass
-  if not os.path.isdir(path):
-    raise FileNotFoundError(f"--checkpoint {path}: no such directory")
-  missing = hf_checkpoint.missing_files(path)
-  if missing:
-    raise FileNotFoundError(
-        f"--checkpoint {path} is neither a training run (no checkpoints/ directory or step "
-        f"directories) nor a Hugging Face checkpoint (no {', no '.join(missing)})"
-    )
-  return "hugging_face"
+# Loading is shared with ragen_jax.serve_model; these names stay here for callers.
+load_policy = restore.load_policy
+checkpoint_kind = restore.checkpoint_kind
 
 
 def evaluate(
