@@ -49,6 +49,8 @@ DEV = [
     # ragen_jax.envs.bridges.reasoning_gym); at run time they are needed only by those adapters.
     "gymnasium==1.4.0",
     "reasoning-gym==0.1.25",
+    # tests/serve_model_test.py talks to ragen_jax.serve_model with the official client.
+    "openai==3.57.0",
     # The documentation site (docs/, `sphinx-build -W`; .ci/run builds it): Sphinx, MyST, Furo.
     "sphinx==9.0.4",
     "myst-parser==5.2.0",

@@ -50,16 +50,14 @@ def client_fixture(server):
   return openai.OpenAI(base_url=server.url, api_key=TOKEN, max_retries=0, timeout=300)
 
 
-def reference(server, text, max_tokens, **options):
-  """The tokens `sampling.generate` samples for `text` as a user message, alone (batch 1)."""
+def reference(server, text, max_tokens, ids=None):
+  """The tokens `sampling.generate` samples greedily for `text` as a user message (or for the
+  prompt `ids`), alone (batch 1)."""
   tok = server.batcher.tok
-  ids = tok.encode_chat([{"role": "user", "content": text}], add_generation_prompt=True)
+  if ids is None:
+    ids = tok.encode_chat([{"role": "user", "content": text}], add_generation_prompt=True)
   opts = sampling.SamplingOptions(
-      max_new_tokens=max_tokens,
-      temperature=0.0,
-      stop_token_ids=(tok.eos_id,),
-      pad_id=tok.pad_id,
-      **options,
+      max_new_tokens=max_tokens, temperature=0.0, stop_token_ids=(tok.eos_id,), pad_id=tok.pad_id
   )
   out = sampling.generate(
       server.batcher.model,
@@ -130,6 +128,25 @@ def test_stop_strings(client, server):
   # Tokens counted up to the one that completes the stop string.
   k = next(k for k in range(1, len(tokens) + 1) if stop in tok.decode(tokens[:k]))
   assert reply.usage.completion_tokens == k
+
+
+def test_continue_final_message(client, server):
+  """vLLM's extension: the reply continues an open assistant message (a generation prefix)."""
+  tok = server.batcher.tok
+  messages = [{"role": "user", "content": PROMPTS[1]}, {"role": "assistant", "content": "<think>"}]
+  prompt = tok.apply_chat_template(messages[:1], add_generation_prompt=True) + "<think>"
+  ids, tokens = reference(server, None, 16, ids=tok.encode(prompt))
+  reply = client.chat.completions.create(
+      model=server.model_name,
+      messages=messages,
+      max_tokens=16,
+      temperature=0,
+      extra_body={"continue_final_message": True, "add_generation_prompt": False},
+  )
+  assert reply.choices[0].message.content == expected_text(tok, tokens)
+  assert reply.usage.prompt_tokens == len(ids)
+  with pytest.raises(openai.BadRequestError, match="assistant message last"):
+    ask(client, server, PROMPTS[1], extra_body={"continue_final_message": True})
 
 
 def test_finish_choice_by_hand(server):

@@ -123,8 +123,6 @@ class Batcher:
           param="messages",
           code="context_length_exceeded",
       )
-    if request.n > self.config.max_batch:
-      raise ApiError(400, f"n must be at most {self.config.max_batch}", param="n")
     job = Job(list(prompt_ids), request)
     with self._cond:
       if self._closed:

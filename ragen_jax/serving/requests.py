@@ -2,8 +2,10 @@
 
 `parse_chat(body, limits)` turns a decoded JSON body into a `ChatRequest` or raises `ApiError`
 (an HTTP status and an OpenAI-style error object naming the field). Fields: model, messages,
-max_tokens (or max_completion_tokens), temperature, top_p, stop, n, seed; `stream` is refused;
-other OpenAI fields (user, metadata, ...) are accepted and ignored.
+max_tokens (or max_completion_tokens), temperature, top_p, stop, n, seed, and vLLM's
+`continue_final_message` (the reply continues the last, assistant, message instead of opening a
+new one: a generation prefix); `stream` is refused; other OpenAI fields (user, metadata, ...) are
+accepted and ignored.
 """
 
 import dataclasses
@@ -58,10 +60,14 @@ class ChatRequest:
   stop: Tuple[str, ...] = ()
   n: int = 1
   seed: Optional[int] = None
+  continue_final: bool = False  # the reply continues messages[-1] (an assistant message)
 
-  def chat(self):
-    """The messages as the tokenizers' chat template takes them."""
-    return [{"role": role, "content": content} for role, content in self.messages]
+  def prompt(self, tok) -> str:
+    """The prompt text in `tok`'s chat template (ValueError: a message it cannot render)."""
+    chat = [{"role": role, "content": content} for role, content in self.messages]
+    if self.continue_final:
+      return tok.apply_chat_template(chat[:-1], add_generation_prompt=True) + chat[-1]["content"]
+    return tok.apply_chat_template(chat, add_generation_prompt=True)
 
 
 def _bad(message: str, param: str) -> ApiError:
@@ -157,12 +163,19 @@ def parse_chat(body: Any, limits: Limits) -> ChatRequest:
   if body.get("stream"):
     raise _bad("stream is not supported", "stream")
   key = "max_completion_tokens" if body.get("max_tokens") is None else "max_tokens"
+  messages = _messages(body)
+  continue_final = body.get("continue_final_message") or False
+  if not isinstance(continue_final, bool):
+    raise _bad("continue_final_message must be a boolean", "continue_final_message")
+  if continue_final and messages[-1][0] != "assistant":
+    raise _bad("continue_final_message needs an assistant message last", "continue_final_message")
   return ChatRequest(
-      messages=_messages(body),
+      messages=messages,
       max_tokens=_int(body, key, limits.max_tokens, 1, limits.max_tokens),
       temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
       top_p=_number(body, "top_p", 1.0, 0.0, 1.0, open_low=True),
       stop=_stop(body),
       n=_int(body, "n", 1, 1, limits.max_n),
       seed=_int(body, "seed", None, -(2**63), 2**63 - 1),
+      continue_final=continue_final,
   )

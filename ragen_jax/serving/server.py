@@ -134,7 +134,7 @@ class Handler(http_server.BaseHTTPRequestHandler):
     request = requests_lib.parse_chat(self._read_json(), self.server.limits)
     tok = self.server.batcher.tok
     try:
-      prompt_ids = tok.encode_chat(request.chat(), add_generation_prompt=True)
+      prompt_ids = tok.encode(request.prompt(tok))
     except ValueError as e:
       raise ApiError(400, str(e), param="messages") from None
     job = self.server.batcher.submit(prompt_ids, request)
