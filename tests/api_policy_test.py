@@ -124,14 +124,15 @@ def test_retries_the_key_and_the_recorded_replies(endpoint, monkeypatch, tmp_pat
   endpoint.script = [
       (503, {"error": {"message": "overloaded"}}, {}),
       (429, {"error": {"message": "slow down"}}, {"Retry-After": "0"}),
+      (200, {"choices": []}, {}),  # not a chat completion
   ]
   config = api_config(_url(endpoint), key_env=KEY_ENV)
   metrics = evaluate.evaluate_api(config, output=str(tmp_path / "t.jsonl"))
   records = read_lines(tmp_path / "t.jsonl")
   assert metrics["val/env_error"] == 0.0 and metrics["api/failed_turns"] == 0
-  # Two failed tries, then every turn answered.
+  # Three failed tries, then every turn answered.
   turns = sum(r["turns"] for r in records)
-  assert len(endpoint.seen) == turns + 2 and metrics["api/requests"] == turns
+  assert len(endpoint.seen) == turns + 3 and metrics["api/requests"] == turns
   assert metrics["api/completion_tokens"] == 3 * turns
   assert {auth for auth, _ in endpoint.seen} == {f"Bearer {KEY}"}
   _, body = endpoint.seen[-1]

@@ -2,16 +2,19 @@
 in-process sampler at the same batch.
 
     python -m experiments.bench.serve [--clients 1,8,64] [--requests 4] [--max_tokens 32]
+        [--repeats 3]
 
 The shipped tiny warm start is served on 127.0.0.1 (`--max_batch` 64, the default 10 ms window).
 Each of C client threads sends `--requests` greedy chat requests one after another over its own
 kept-alive connection (http.client: a light client, since the clients share the machine's cores
 with the server), prompts drawn from a fixed list of Sokoban-like turns. Reported: requests/s
-and completion tokens/s (the server's own usage counts) over the timed round, after a warm-up
-round at the same concurrency and a direct compile of every batch bucket. The in-process side
-calls `sampling.generate` on the same prompts at batch C (padded to the same bucket) with the
-same options, median of 3: requests/s = C / time, tokens/s = sampled tokens / time. The ratio is
-the cost of HTTP, JSON, tokenisation, the collection window and partial batches.
+and completion tokens/s (the server's own usage counts) of a round, after a warm-up round at the
+same concurrency and a direct compile of every batch bucket. The in-process side calls
+`sampling.generate` on the same prompts at batch C (padded to the same bucket) with the same
+options (median of 3 calls): requests/s = C / time, tokens/s = sampled tokens / time. Server
+rounds and in-process calls alternate `--repeats` times (the machine's load drifts); medians are
+printed. The ratio is the cost of HTTP, JSON, tokenisation, the collection window and partial
+batches.
 """
 
 import argparse
@@ -91,7 +94,7 @@ def in_process(model, tok, clients: int, max_tokens: int, max_batch: int, iters:
     jax.block_until_ready(call())
     times.append(time.perf_counter() - tic)
   lengths = np.minimum(np.asarray(out.lengths_B), max_tokens)
-  return statistics.median(times), int(lengths.sum())
+  return (statistics.median(times) if times else None), int(lengths.sum())
 
 
 def main():
@@ -100,6 +103,7 @@ def main():
   parser.add_argument("--requests", type=int, default=4)
   parser.add_argument("--max_tokens", type=int, default=32)
   parser.add_argument("--max_batch", type=int, default=64)
+  parser.add_argument("--repeats", type=int, default=3)
   args = parser.parse_args()
   model, tok, name = serve_model.load()
   batch = serving.BatchConfig(max_batch=args.max_batch)
@@ -111,17 +115,21 @@ def main():
     for clients in (int(c) for c in args.clients.split(",")):
       client_round(server, clients, 1, args.max_tokens)  # warm-up
       calls = server.batcher.sampler_calls
-      seconds, done, tokens = client_round(server, clients, args.requests, args.max_tokens)
-      calls = server.batcher.sampler_calls - calls
-      ref_s, ref_tokens = in_process(model, tok, clients, args.max_tokens, args.max_batch)
+      served, local = [], []
+      for _ in range(args.repeats):  # alternated: the machine's load drifts
+        seconds, done, tokens = client_round(server, clients, args.requests, args.max_tokens)
+        served.append((done / seconds, tokens / seconds))
+        ref_s, ref_tokens = in_process(model, tok, clients, args.max_tokens, args.max_batch)
+        local.append((clients / ref_s, ref_tokens / ref_s))
+      med = lambda pairs, j: round(statistics.median(p[j] for p in pairs), 1)
       row = dict(
           clients=clients,
-          requests=done,
-          sampler_calls=calls,
-          server_req_s=round(done / seconds, 2),
-          server_tok_s=round(tokens / seconds, 1),
-          inprocess_req_s=round(clients / ref_s, 2),
-          inprocess_tok_s=round(ref_tokens / ref_s, 1),
+          requests_per_round=clients * args.requests,
+          sampler_calls_per_round=(server.batcher.sampler_calls - calls) / args.repeats,
+          server_req_s=med(served, 0),
+          server_tok_s=med(served, 1),
+          inprocess_req_s=med(local, 0),
+          inprocess_tok_s=med(local, 1),
       )
       print(json.dumps(row), flush=True)
   finally:

@@ -26,6 +26,7 @@ failed turns.
 
 import concurrent.futures
 import dataclasses
+import http.client
 import json
 import os
 import threading
@@ -117,8 +118,10 @@ class ApiClient:
         if e.code not in _RETRIED_STATUS:
           break
         wait = _retry_after(e, wait, c.timeout_s)
-      except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError) as e:
-        error = f"{type(e).__name__} from {url}: {e}"  # refused, timed out, or not a reply
+      except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+        error = f"{type(e).__name__} from {url}: {e}"  # refused, cut off or timed out
+      except (ValueError, LookupError, TypeError, AttributeError) as e:
+        error = f"not a chat completion from {url}: {type(e).__name__} {e}"
       if attempt < c.retries:
         time.sleep(wait)
     raise ApiFailure(error)

@@ -184,6 +184,7 @@ class ChatServer(http_server.ThreadingHTTPServer):
   """The HTTP server: one thread per connection, one Batcher behind them all."""
 
   daemon_threads = True
+  request_queue_size = 256  # the listen backlog: socketserver's 5 resets a burst of clients
 
   def __init__(
       self,
