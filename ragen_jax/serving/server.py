@@ -90,7 +90,10 @@ class Handler(http_server.BaseHTTPRequestHandler):
 
   def _drain(self) -> None:
     """Reads an unused body, so that a kept-alive connection stays in step."""
-    length = int(self.headers.get("Content-Length") or 0)
+    try:
+      length = int(self.headers.get("Content-Length") or 0)
+    except ValueError:
+      length = MAX_BODY_BYTES + 1  # unreadable: the connection closes after the answer
     if 0 < length <= MAX_BODY_BYTES:
       self.rfile.read(length)
     elif length:
