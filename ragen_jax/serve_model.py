@@ -41,7 +41,12 @@ def load(checkpoint: Optional[str] = None, config=None):
     config = default_config()
   model, tok, config = restore.load_policy(config, checkpoint)
   if checkpoint is not None:
-    name = os.path.basename(os.path.normpath(os.path.abspath(checkpoint)))
+    path = os.path.normpath(os.path.abspath(checkpoint))
+    name = os.path.basename(path)
+    if name.isdigit():  # runs/NAME/checkpoints/STEP
+      name = f"{os.path.basename(os.path.dirname(os.path.dirname(path)))}_step{name}"
+    elif name == "checkpoints":
+      name = os.path.basename(os.path.dirname(path))
   elif config.model.checkpoint:
     name = os.path.basename(os.path.normpath(config.model.checkpoint))
   else:
@@ -76,7 +81,10 @@ def main(argv):
   try:
     model, tok, name = load(f.checkpoint, f.config)
     batch = serving.BatchConfig(
-        max_batch=f.max_batch, window_s=f.window_ms / 1000, max_context=f.max_context, seed=f.seed
+        max_batch=f.max_batch,
+        window_s=f.window_ms / 1000,
+        max_context=min(f.max_context, model.config.max_position_embeddings),
+        seed=f.seed,
     )
     token = f.token or os.environ.get(TOKEN_ENV) or None
     server = make_server(
