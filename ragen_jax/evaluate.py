@@ -18,10 +18,21 @@ seeds `seed.val + g`, `rollout.val_group_size` episodes each, at `rollout.val_te
 (RAGEN: 0.5). Prints success rate, pass@k (k = group size), mean return (environment reward
 plus format penalties) and the other rollout metrics, per tag and pooled; writes one JSON line
 per trajectory (messages, success, reward, turns), UTF-8 and replacing the file whole.
+
+An OpenAI-compatible endpoint instead of a model (ragen_jax.rollout.api_policy; the `api` config
+section):
+
+  OPENAI_API_KEY=... python -m ragen_jax.evaluate --config=configs/sokoban_ppo.py \
+      --api_base=https://api.openai.com/v1 --api_model=gpt-4o-mini \
+      --config.api.key_env=OPENAI_API_KEY --config.api.greedy=True
+
+writes the same trajectories and metrics, plus `api/prompt_tokens`, `api/completion_tokens`,
+`api/requests` and `api/failed_turns` (turns that got no reply after the retries: their episodes
+fail as on an environment fault, `val/env_error`). The config's tokenizer counts the tokens of
+the conversation (context limits, replies).
 """
 
 import json
-import os
 from typing import Any, Dict, Optional
 
 from absl import app
@@ -30,8 +41,8 @@ from absl import logging
 import jax
 
 from ragen_jax.config import cli
-from ragen_jax.models import checkpoint as hf_checkpoint
 from ragen_jax.config import schema
+from ragen_jax.rollout import api_policy
 from ragen_jax.train import launch_utils
 from ragen_jax.train import policy as policy_lib
 from ragen_jax.train import restore
@@ -46,44 +57,15 @@ _CHECKPOINT = flags.DEFINE_string(
 _OUTPUT = flags.DEFINE_string(
     "output", "eval_trajectories.jsonl", "Where to write one JSON line per trajectory."
 )
+_API_BASE = flags.DEFINE_string(
+    "api_base", None, "OpenAI-compatible base URL to evaluate instead of a model (api.base_url)."
+)
+_API_MODEL = flags.DEFINE_string("api_model", None, "The endpoint's model name (api.model).")
 
 
-def load_policy(config, checkpoint: Optional[str] = None):
-  """(model, tokenizer, config) to evaluate; the config is the run's when `config` is None."""
-  if checkpoint is not None and checkpoint_kind(checkpoint) == "run":
-    model, tok, run_config, step = restore.load_actor(checkpoint)
-    logging.info("evaluating step %d of the run in %s", step, checkpoint)
-    return model, tok, config if config is not None else run_config
-  if config is None:
-    raise ValueError("--config is required unless --checkpoint is a training run")
-  if checkpoint is not None:
-    config = config.copy_and_resolve_references()  # the caller's config stays as it was
-    with config.unlocked():
-      config.model.checkpoint = checkpoint
-      config.sft.steps = 0
-  model, tok = policy_lib.build(schema.from_config(config))
-  return model, tok, config
-
-
-def checkpoint_kind(path: str) -> str:
-  """What `path` holds, "run" or "hugging_face"; FileNotFoundError naming what it lacks.
-
-  A run's workdir holds a config.json too (its resolved config), so `checkpoints/` decides.
-  """
-  try:
-    restore.locate(path)
-    return "run"
-  except FileNotFoundError:
-    pass
-  if not os.path.isdir(path):
-    raise FileNotFoundError(f"--checkpoint {path}: no such directory")
-  missing = hf_checkpoint.missing_files(path)
-  if missing:
-    raise FileNotFoundError(
-        f"--checkpoint {path} is neither a training run (no checkpoints/ directory or step "
-        f"directories) nor a Hugging Face checkpoint (no {', no '.join(missing)})"
-    )
-  return "hugging_face"
+# Loading is shared with ragen_jax.serve_model; these names stay here for callers.
+load_policy = restore.load_policy
+checkpoint_kind = restore.checkpoint_kind
 
 
 def evaluate(
@@ -111,14 +93,51 @@ def evaluate(
   return metrics
 
 
+def with_api(config, base_url: Optional[str] = None, model: Optional[str] = None):
+  """`config` with api.base_url / api.model set where given (a copy)."""
+  config = config.copy_and_resolve_references()
+  with config.unlocked():
+    if base_url is not None:
+      config.api.base_url = base_url
+    if model is not None:
+      config.api.model = model
+  return config
+
+
+def evaluate_api(config, output: Optional[str] = None) -> Dict[str, Any]:
+  """`evaluate` with the endpoint of `config.api` answering every turn, plus its usage."""
+  exp = schema.from_config(config)
+  if exp.api.base_url is None:
+    raise ValueError("api.base_url is not set (--api_base)")
+  client = api_policy.ApiClient(exp.api)
+  try:
+    tokenizer = policy_lib.load_tokenizer(exp.model)
+    metrics = evaluate(config, output=output, model=client, tokenizer=tokenizer)
+  finally:
+    client.close()
+  metrics.update({f"api/{name}": value for name, value in client.usage.items()})
+  return metrics
+
+
 def main(argv):
   del argv
   logging.info("jax %s, devices %s", jax.__version__, jax.devices())
+  config = _CONFIG.value
+  use_api = bool(_API_BASE.value or (config is not None and config.api.base_url))
   try:
-    model, tokenizer, config = load_policy(_CONFIG.value, _CHECKPOINT.value)
+    if use_api:
+      if config is None or _CHECKPOINT.value is not None:
+        raise ValueError("--api_base needs --config and takes no --checkpoint")
+      config = with_api(config, _API_BASE.value, _API_MODEL.value)
+      api_policy.ApiClient(schema.from_config(config).api).close()  # the key is there
+    else:
+      model, tokenizer, config = load_policy(config, _CHECKPOINT.value)
   except (FileNotFoundError, ValueError) as e:  # what the operator passed: one line, no trace
     launch_utils.exit_with_error(str(e))
-  metrics = evaluate(config, output=_OUTPUT.value, model=model, tokenizer=tokenizer)
+  if use_api:
+    metrics = evaluate_api(config, output=_OUTPUT.value)
+  else:
+    metrics = evaluate(config, output=_OUTPUT.value, model=model, tokenizer=tokenizer)
   print(json.dumps(metrics, indent=1, sort_keys=True))
   logging.info("wrote trajectories to %s", _OUTPUT.value)
 

@@ -95,7 +95,7 @@ def test_rooms_stack_in_floors():
   # The configuration wing sits below the run, and only the commands sit above the run.
   assert not any(t.startswith("ragen_jax.train") for t in edges["ragen_jax.config"])
   above_train = {room for room, targets in edges.items() if "ragen_jax.train" in targets}
-  assert above_train == {"ragen_jax.evaluate", "ragen_jax.export"}
+  assert above_train == {"ragen_jax.evaluate", "ragen_jax.export", "ragen_jax.serve_model"}
 
 
 @pytest.mark.parametrize(

@@ -194,6 +194,7 @@ SECTIONS = {
     "early_stop": (EarlyStopConfig, ()),
     "mesh": (MeshSpec, ()),
     "seed": (SeedSpec, ()),
+    "api": (rollout_lib.api_policy.ApiConfig, ()),
 }
 ENV_KEYS = tuple(f.name for f in dataclasses.fields(EnvSpec) if f.name not in ("per_tag", "tag"))
 
@@ -210,6 +211,7 @@ class Experiment:
   early_stop: EarlyStopConfig
   mesh: MeshSpec
   seed: SeedSpec
+  api: rollout_lib.api_policy.ApiConfig  # an endpoint that answers instead (evaluate only)
 
   @property
   def train_episodes(self) -> int:

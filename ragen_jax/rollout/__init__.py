@@ -7,6 +7,7 @@
 Dimension legend: B episodes, T sequence tokens (see ragen_jax.batch).
 """
 
+from ragen_jax.rollout import api_policy
 from ragen_jax.rollout import prompts
 from ragen_jax.rollout.engine import Rollout
 from ragen_jax.rollout.episodes import Episode

@@ -71,6 +71,7 @@ from ragen_jax import distributed
 from ragen_jax import models
 from ragen_jax import sampling
 from ragen_jax.envs.host.records import EnvFault
+from ragen_jax.rollout import api_policy
 from ragen_jax.rollout import env_batch
 from ragen_jax.rollout import episodes as episodes_lib
 from ragen_jax.rollout import prompts
@@ -127,7 +128,14 @@ class Rollout:
   # ------------------------------------------------------------------ policies
 
   def run(self, model: models.Qwen2, key: jax.Array, seed: int) -> RolloutResult:
-    """Plays one batch with `model`; group g starts from the level of seed `seed + g`."""
+    """Plays one batch with `model`; group g starts from the level of seed `seed + g`.
+
+    `model` may instead be an `api_policy.ApiClient`: an OpenAI-compatible endpoint answers
+    (every process plays the whole batch, as with a scripted policy).
+    """
+    if isinstance(model, api_policy.ApiClient):
+      policy = api_policy.ApiPolicy(model, self.tok, self.config)
+      return self._play(policy, key, seed, Rows(0, self.batch_size, self.batch_size))
     rows = Rows(*self.rows, self.batch_size, self.sharder)
     return self._play(LLMPolicy(model, self.capacity, self.options, rows), key, seed, rows)
 
@@ -198,6 +206,10 @@ class Rollout:
       stats["generated_tokens"] += int(replies.lengths_B.sum())
       actions = {}
       for i, context in contexts.items():
+        if i in replies.faults:  # the policy could not answer: the episode fails
+          self._fault(eps[i], replies.faults[i])
+          eps[i].done = True
+          continue
         n = int(replies.lengths_B[i])
         actions[i] = self._reply(
             eps[i],

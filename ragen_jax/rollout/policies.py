@@ -95,6 +95,9 @@ class Replies:
   tokens_BxN: np.ndarray
   logprobs_BxN: np.ndarray
   lengths_B: np.ndarray
+  # Rows the policy could not answer (an endpoint that stayed down): row -> its
+  # envs.host.records.EnvFault; the episode ends as on an environment fault.
+  faults: Dict[int, Any] = dataclasses.field(default_factory=dict)
 
 
 class LLMPolicy:

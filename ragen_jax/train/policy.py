@@ -31,6 +31,19 @@ def model_config(exp) -> models.ModelConfig:
   return models.checkpoint.read_config(checkpoint)
 
 
+def load_tokenizer(spec):
+  """The tokenizer of `spec` (a `config.schema.ModelSpec`): its checkpoint's tokenizer.json when
+  present, else `spec.tokenizer`."""
+  checkpoint = spec.checkpoint
+  if checkpoint is None and spec.warm_start:
+    checkpoint = WARM_START_DIR
+  if checkpoint is not None and os.path.exists(os.path.join(checkpoint, "tokenizer.json")):
+    return tokenizers.load(checkpoint)
+  if checkpoint is not None:
+    logging.info("no tokenizer.json in %s; using %s", checkpoint, spec.tokenizer)
+  return tokenizers.load(spec.tokenizer)
+
+
 def build(exp, sharder=None):
   """(model, tokenizer) for `exp.model` (a `config.schema.ModelSpec` inside `exp`).
 
@@ -68,11 +81,7 @@ def build(exp, sharder=None):
         remat=spec.remat,
         attention=spec.attention,
     )
-    if os.path.exists(os.path.join(checkpoint, "tokenizer.json")):
-      tok = tokenizers.load(checkpoint)
-    else:
-      logging.info("no tokenizer.json in %s; using %s", checkpoint, spec.tokenizer)
-      tok = tokenizers.load(spec.tokenizer)
+    tok = load_tokenizer(spec)
   lora_config = spec.lora.config()
   if lora_config is not None:
     lora_key = jax.random.fold_in(jax.random.key(exp.seed.init), 1)

@@ -1,17 +1,19 @@
-"""Opening a training run's checkpoint outside the trainer (evaluation, export).
+"""Opening a training run's checkpoint outside the trainer (evaluation, export, serving).
 
     model, tokenizer, config, step = restore.load_actor("runs/sokoban")   # latest step
     restore.load_actor("runs/sokoban/checkpoints/40")                      # a given step
 
 The run's own config (stored in every checkpoint's metadata, overlaid on today's defaults so
 that keys added since still open) rebuilds the model structure; the actor parameters are then
-restored into it, shapes checked.
+restored into it, shapes checked. `load_policy` opens whatever `--checkpoint` of evaluate and
+serve_model names: a run, a Hugging Face directory, or (none) the config's starting policy.
 """
 
 import json
 import os
 from typing import Optional, Tuple
 
+from absl import logging
 import jax
 import ml_collections
 
@@ -19,6 +21,7 @@ from ragen_jax import algos
 from ragen_jax import checkpoints
 from ragen_jax.config import drift
 from ragen_jax.config import schema
+from ragen_jax.models import checkpoint as hf_checkpoint
 from ragen_jax.train import policy as policy_lib
 from ragen_jax.train import run_state
 
@@ -65,3 +68,41 @@ def load_actor(path: str):
   finally:
     ckpt.close()
   return algos.actor_module(model, state.train), tok, config, int(meta["step"])
+
+
+def load_policy(config, checkpoint: Optional[str] = None):
+  """(model, tokenizer, config) of `checkpoint`; the config is the run's when `config` is None."""
+  if checkpoint is not None and checkpoint_kind(checkpoint) == "run":
+    model, tok, stored, step = load_actor(checkpoint)
+    logging.info("loading step %d of the run in %s", step, checkpoint)
+    return model, tok, config if config is not None else stored
+  if config is None:
+    raise ValueError("--config is required unless --checkpoint is a training run")
+  if checkpoint is not None:
+    config = config.copy_and_resolve_references()  # the caller's config stays as it was
+    with config.unlocked():
+      config.model.checkpoint = checkpoint
+      config.sft.steps = 0
+  model, tok = policy_lib.build(schema.from_config(config))
+  return model, tok, config
+
+
+def checkpoint_kind(path: str) -> str:
+  """What `path` holds, "run" or "hugging_face"; FileNotFoundError naming what it lacks.
+
+  A run's workdir holds a config.json too (its resolved config), so `checkpoints/` decides.
+  """
+  try:
+    locate(path)
+    return "run"
+  except FileNotFoundError:
+    pass
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"--checkpoint {path}: no such directory")
+  missing = hf_checkpoint.missing_files(path)
+  if missing:
+    raise FileNotFoundError(
+        f"--checkpoint {path} is neither a training run (no checkpoints/ directory or step "
+        f"directories) nor a Hugging Face checkpoint (no {', no '.join(missing)})"
+    )
+  return "hugging_face"
