@@ -23,8 +23,9 @@ relative; the validation trajectories are the same.
 Each launch has a timeout (mpirun's kills its whole session) and a process that dies takes its
 peer down, so a deadlock fails the test instead of hanging it. Every process of a launch writes
 the session's compilation cache (multihost_site/sitecustomize.py), so the resumed run and the
-Open MPI run load the programs the first SLURM run compiled instead of compiling them again. Without Debian's slurm or openmpi packages those tests skip, saying
-what to install (.ci/run installs both).
+later launches load the programs an earlier launch compiled instead of compiling them again.
+Without Debian's slurm or openmpi packages those tests skip, saying what to install (.ci/run
+installs both).
 """
 
 import glob

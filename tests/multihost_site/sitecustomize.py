@@ -1,4 +1,4 @@
-"""Test-only, for the runs tests/multihost_test.py launches: every process writes the compile cache.
+"""Test-only: every process of the runs tests/multihost_test.py launches writes the XLA cache.
 
 Python imports this module at start-up from PYTHONPATH, which those tests point here. JAX writes
 persistent compilation cache entries from process 0 alone, and on CPU each process's cache key
