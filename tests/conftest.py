@@ -40,7 +40,10 @@ jax.config.update(
 
 # The end-to-end files hold most of the suite's time. Collected first (with pytest-xdist's
 # `--dist loadfile` in pytest.ini), they start first on the two workers of the README's command
-# instead of last, when the other worker would have little left to run beside them.
+# instead of last, when the other worker would have little left to run beside them. The other
+# files that hold a long test follow, longest first (the README command's slowest tests, e.g.
+# train_lora_test's ~2 minutes): in alphabetical order they came last, where one of them could
+# keep a worker busy after the other had run out of files.
 _LONG_FILES = (
     "multihost_test.py",
     "train_test.py",
@@ -49,12 +52,23 @@ _LONG_FILES = (
     "notebooks_test.py",
     "evaluate_test.py",
 )
+_EARLY_FILES = (
+    "train_lora_test.py",
+    "gpu_learn_test.py",
+    "diagnostics_scoring_test.py",
+    "train_step_test.py",
+    "train_sft_test.py",
+    "rollout_text_envs_test.py",
+    "envs_sokoban_test.py",
+)
 
 
 def pytest_collection_modifyitems(items):
+  first = _LONG_FILES + _EARLY_FILES
+
   def rank(item):
     name = os.path.basename(str(item.fspath))
-    return _LONG_FILES.index(name) if name in _LONG_FILES else len(_LONG_FILES)
+    return first.index(name) if name in first else len(first)
 
   items.sort(key=rank)  # stable: the order within and among the other files is kept
 

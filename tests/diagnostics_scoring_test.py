@@ -39,15 +39,15 @@ def test_cross_logprobs_equal_full_forward_teacher_forcing():
   rng = np.random.default_rng(0)
   prompts = [rng.integers(1, 97, size=n) for n in (1, 7, 40, 19)]
   reasonings = [tuple(rng.integers(1, 97, size=n).tolist()) for n in (1, 5, 17)]
+  want = [[_reference(model, z, x) for x in prompts] for z in reasonings]
   # micro_batch 4 over 12 pairs: three calls, the last one full; 5 forces a padded last call.
   for micro in (4, 5):
     logp, num = scoring.cross_logprobs(model, reasonings, prompts, pad_id=0, micro_batch=micro)
     assert logp.shape == (3, 4) and num.tolist() == [1, 5, 17]
-    for i, z in enumerate(reasonings):
-      for j, x in enumerate(prompts):
-        # Sums of up to 17 log-probs (down to about -80) from a cached and a plain forward: the
-        # rounding grows with the sum, so the bound is relative too.
-        assert logp[i, j] == pytest.approx(_reference(model, z, x), rel=1e-5, abs=2e-4), (i, j)
+    for i, j in np.ndindex(3, 4):
+      # Sums of up to 17 log-probs (down to about -80) from a cached and a plain forward: the
+      # rounding grows with the sum, so the bound is relative too.
+      assert logp[i, j] == pytest.approx(want[i][j], rel=1e-5, abs=2e-4), (i, j)
 
 
 def test_temperature_scales_the_scored_distribution():

@@ -20,9 +20,12 @@ relative; the validation trajectories are the same.
   does not come up in time is torn down, no daemon left.
 - Open MPI: `mpirun -np 2` through the same detection, 2 steps; only process 0 writes events and
   prints progress.
-Each launch has a timeout and a process that dies takes its peer down, so a deadlock fails the
-test instead of hanging it. Without Debian's slurm or openmpi packages those tests skip, saying
-what to install (.ci/run installs both).
+Each launch has a timeout (mpirun's kills its whole session) and a process that dies takes its
+peer down, so a deadlock fails the test instead of hanging it. Every process of a launch writes
+the session's compilation cache (multihost_site/sitecustomize.py), so the resumed run and the
+later launches load the programs an earlier launch compiled instead of compiling them again.
+Without Debian's slurm or openmpi packages those tests skip, saying what to install (.ci/run
+installs both).
 """
 
 import glob
@@ -30,6 +33,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -40,8 +44,17 @@ import multihost_runs as runs
 import slurm_cluster
 
 ROOT = runs.ROOT
+# Every process of a launched run writes the compilation cache (multihost_site/sitecustomize.py):
+# a resumed or second 2-process launch then compiles nothing the first one compiled.
+_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multihost_site")
 _MESH = ["--config.trainer.total_steps=3"]
 _WAIT_S = 420  # a 2-process smoke job on 2 loaded cores takes 1-4 minutes
+
+
+def _env(devices: int):
+  env = runs.env(devices)
+  env["PYTHONPATH"] = os.pathsep.join(p for p in (_SITE, env.get("PYTHONPATH")) if p)
+  return env
 
 
 def _read_eval(workdir: str, step: int):
@@ -56,7 +69,7 @@ def reference(tmp_path_factory):
   proc = subprocess.run(
       [sys.executable, *runs.SMOKE, f"--workdir={workdir}", *_MESH],
       cwd=ROOT,
-      env=runs.env(4),
+      env=_env(4),
       capture_output=True,
       text=True,
       timeout=runs.TIMEOUT_S,
@@ -92,7 +105,7 @@ def test_a_cluster_that_does_not_come_up_is_torn_down(tmp_path):
 
 
 def _job_env(**extra):
-  return {**runs.env(2), "PYTHON": sys.executable, **extra}
+  return {**_env(2), "PYTHON": sys.executable, **extra}
 
 
 def _log(path: str) -> str:
@@ -219,14 +232,53 @@ def test_slurm_launch_outside_srun_says_to_use_srun(slurm, tmp_path):
 # ------------------------------------------------------------------ Open MPI
 
 
+def _session_pids(sid: int):
+  """Every process of session `sid` (/proc/PID/stat's 6th field)."""
+  pids = []
+  for stat in glob.glob("/proc/[0-9]*/stat"):
+    try:
+      with open(stat, encoding="utf-8") as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # after "pid (command)"
+    except (OSError, IndexError):
+      continue
+    if int(fields[3]) == sid:
+      pids.append(int(stat.split("/")[2]))
+  return pids
+
+
+def _run_in_own_session(command, env) -> subprocess.CompletedProcess:
+  """subprocess.run in a session of its own that a timeout kills whole: mpirun's ranks are its
+  children in process groups of their own, and killing mpirun alone leaves them training, on
+  the cores the rest of the suite runs on."""
+  with subprocess.Popen(
+      command,
+      cwd=ROOT,
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+      start_new_session=True,
+  ) as proc:
+    try:
+      stdout, stderr = proc.communicate(timeout=runs.TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+      for pid in _session_pids(proc.pid):
+        try:
+          os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+          pass
+      proc.communicate()
+      raise
+  return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+
+
 def test_openmpi_two_processes_match_one_process(tmp_path, reference):
   mpirun = shutil.which("mpirun")
   if mpirun is None:
     pytest.skip("no mpirun: apt-get install openmpi-bin")
   ref_dir, want = reference
   workdir = str(tmp_path / "run")
-  env = runs.env(2)
-  proc = subprocess.run(
+  proc = _run_in_own_session(
       [
           mpirun,
           "-np",
@@ -237,17 +289,14 @@ def test_openmpi_two_processes_match_one_process(tmp_path, reference):
           "XLA_FLAGS",
           "-x",
           "JAX_PLATFORMS",
+          "-x",
+          "PYTHONPATH",
           sys.executable,
           *runs.SMOKE,
           f"--workdir={workdir}",
           "--config.trainer.total_steps=2",
       ],
-      cwd=ROOT,
-      env=env,
-      capture_output=True,
-      text=True,
-      timeout=runs.TIMEOUT_S,
-      check=False,
+      env=_env(2),
   )  # yapf: disable
   out = proc.stdout + proc.stderr
   assert proc.returncode == 0, out[-4000:]

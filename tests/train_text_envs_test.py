@@ -21,14 +21,10 @@ CUSTOM = os.path.join(ROOT, "configs", "custom_env.py") + ":smoke"
 
 
 @pytest.fixture(scope="module")
-def custom_run(tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp("custom"))
-  return workdir, trainer.train(cli.load_config_file(CUSTOM), workdir)
-
-
-def test_the_example_environment_trains_through_launch(tmp_path):
-  """README's one line: `launch.py --config=configs/custom_env.py` (here `:smoke`)."""
-  workdir = str(tmp_path / "launched")
+def launched_run(tmp_path_factory):
+  """README's one line, `launch.py --config=configs/custom_env.py` (here `:smoke`): its workdir,
+  also the uninterrupted run the resumed one is compared with."""
+  workdir = str(tmp_path_factory.mktemp("custom") / "launched")
   out = subprocess.run(
       [sys.executable, "launch.py", f"--config={CUSTOM}", f"--workdir={workdir}"],
       cwd=ROOT,
@@ -38,19 +34,22 @@ def test_the_example_environment_trains_through_launch(tmp_path):
       check=False,
   )
   assert out.returncode == 0, out.stderr[-3000:]
-  scalars = logging_utils.read_scalars(workdir)
+  return workdir
+
+
+def test_the_example_environment_trains_through_launch(launched_run):
+  scalars = logging_utils.read_scalars(launched_run)
   for tag in ("train/custom/success", "train/custom/env_error", "val/custom/success"):
     assert tag in scalars, sorted(scalars)
-  assert os.path.isdir(os.path.join(workdir, "checkpoints", "4"))
+  assert scalars["train/custom/env_error"][-1] == (4, 0.0)  # 4 steps, no environment error
+  assert os.path.isdir(os.path.join(launched_run, "checkpoints", "4"))
 
 
-def test_the_example_resumes_like_an_uninterrupted_run(custom_run, tmp_path):
-  ref_dir, summary = custom_run
-  assert summary["step"] == 4 and summary["train/custom/env_error"] == 0.0
+def test_the_example_resumes_like_an_uninterrupted_run(launched_run, tmp_path):
   workdir = str(tmp_path / "resumed")
   assert trainer.train(cli.load_config_file(CUSTOM), workdir, stop_after=1)["step"] == 1
   assert trainer.train(cli.load_config_file(CUSTOM), workdir)["step"] == 4
-  expected = comparable(logging_utils.read_scalars(ref_dir), {2, 3, 4})
+  expected = comparable(logging_utils.read_scalars(launched_run), {2, 3, 4})
   assert expected
   assert comparable(logging_utils.read_scalars(workdir), {2, 3, 4}) == expected
 
