@@ -55,6 +55,8 @@ _LONG_FILES = (
 _EARLY_FILES = (
     "train_lora_test.py",
     "gpu_learn_test.py",
+    "rollout_windows_test.py",
+    "api_policy_test.py",
     "diagnostics_scoring_test.py",
     "train_step_test.py",
     "train_sft_test.py",
