@@ -49,6 +49,8 @@ DEV = [
     # ragen_jax.envs.bridges.reasoning_gym); at run time they are needed only by those adapters.
     "gymnasium==1.4.0",
     "reasoning-gym==0.1.25",
+    # SearchQA's own BM25 (ragen_jax.envs.text.retrievers) is tested against bm25s's scores.
+    "bm25s==0.3.16",
     # The documentation site (docs/, `sphinx-build -W`; .ci/run builds it): Sphinx, MyST, Furo.
     "sphinx==9.0.4",
     "myst-parser==5.2.0",

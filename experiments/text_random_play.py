@@ -7,17 +7,22 @@ Plays the validation levels (seeds `seed .. seed + levels - 1`, the configs' `se
 uniformly random answer of the right form: Countdown, the given numbers in a random order joined
 by random operators (no parentheses); math, a random whole number from 0 to 100 per attempt;
 Sudoku (4x4), a random number in a random empty cell per placement, as many placements as the
-config's budget (5 turns of 2), under RAGEN's rewards or the dense scheme (`--sudoku_rewards`).
+config's budget (5 turns of 2), under RAGEN's rewards or the dense scheme (`--sudoku_rewards`);
+SearchQA (the shipped encyclopedia's validation questions, the config's 2 results a search), a
+search for the question's text, then an answer drawn from what it shows: a passage title, a year
+or yes / no, uniformly.
 Prints each environment's success rate and mean return over `plays` plays of every level.
 """
 
 import argparse
 import random
+import re
 
 import numpy as np
 
 from ragen_jax.envs.text.countdown import Countdown
 from ragen_jax.envs.text.math_env import MathEnv
+from ragen_jax.envs.text.search_qa import SearchQA
 from ragen_jax.envs.text.sudoku import format_action
 from ragen_jax.envs.text.sudoku import Sudoku
 
@@ -35,6 +40,14 @@ def sudoku_answer(env: Sudoku, rng: random.Random) -> str:
   empty = [(r, c) for r in range(env.size) for c in range(env.size) if not env.board[r][c]]
   r, c = rng.choice(empty)
   return format_action(r + 1, c + 1, rng.randint(1, env.size))
+
+
+def search_answer(env: SearchQA, rng: random.Random) -> str:
+  if env.searches_done == 0:
+    return f"search[{env.item.question}]"
+  shown = env.search(env.item.question)
+  candidates = re.findall(r'^"(.+)"$', shown, re.MULTILINE) + re.findall(r"\b1\d{3}\b", shown)
+  return f"finish[{rng.choice(candidates + ['yes', 'no'])}]"
 
 
 def play(env, answer, levels: int, seed: int, plays: int, turns: int):
@@ -69,6 +82,11 @@ def main():
           Sudoku(size=4, max_actions_per_turn=2, reward_scheme=args.sudoku_rewards),
           sudoku_answer,
           10,
+      ),
+      "search": (
+          SearchQA(split="val", max_search_results=2, max_total_chars=1000),
+          search_answer,
+          4,
       ),
   }
   for name, (env, answer, turns) in games.items():

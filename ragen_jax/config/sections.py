@@ -51,6 +51,7 @@ ENV_DEFAULTS = {
     "countdown": dict(max_actions_per_traj=1, max_tokens_hint=100),
     "math": dict(max_actions_per_traj=3, max_tokens_hint=100),
     "sudoku": dict(max_actions_per_traj=20, max_tokens_hint=100),
+    "search": dict(max_actions_per_traj=10, max_tokens_hint=300),  # RAGEN's SearchQA
 }
 
 

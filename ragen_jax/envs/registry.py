@@ -2,6 +2,7 @@
 
     envs.register("guess", my_pkg.GuessNumber)          # a TextEnv class or factory function
     envs.make("guess", low=1, high=100)                  # -> HostEnv (one instance per episode)
+    env = envs.make("countdown"); env.reset(7); env.step("11 + 13 - 5")   # played by hand
     envs.make("", entry="my_pkg.my_env:MyEnv")           # an import path, no registration
     envs.make("", entry="http://127.0.0.1:8000")         # served by `python -m ragen_jax.envs.serve`
     envs.make("sokoban", dim_room=(6, 6))                # -> the pure-JAX Sokoban (jitted, vmapped)
@@ -25,6 +26,7 @@ from ragen_jax.envs.device.sokoban import Sokoban
 from ragen_jax.envs.host.records import MODES as POOL_MODES
 from ragen_jax.envs.text.countdown import Countdown
 from ragen_jax.envs.text.math_env import MathEnv
+from ragen_jax.envs.text.search_qa import SearchQA
 from ragen_jax.envs.text.sudoku import Sudoku
 
 # name -> a pure-JAX `base.Env` dataclass, or a factory of text environments (envs.text).
@@ -37,6 +39,7 @@ REGISTRY: Dict[str, Callable[..., Any]] = {
     "countdown": Countdown,
     "math": MathEnv,
     "sudoku": Sudoku,
+    "search": SearchQA,
 }
 
 
@@ -45,7 +48,10 @@ class HostEnv:
   """A text environment of one tag, stepped on the host: `new()` builds one episode's instance.
 
   `pool`, `workers` and `step_timeout_s` say how the rollout steps the instances
-  (ragen_jax.envs.host.pool).
+  (ragen_jax.envs.host.pool). To play by hand, `reset(seed)` builds a fresh instance (closing
+  the previous one) and returns its first observation; `step(action)` steps it and returns
+  (observation, reward, done, info); `instance` is the one being played (its `instruction`,
+  `expert()`); `close()` closes it. The rollout never uses that instance: it builds its own.
   """
 
   name: str
@@ -64,8 +70,35 @@ class HostEnv:
     """The zero-argument factory of one instance (picklable when `factory` is)."""
     return functools.partial(self.factory, **dict(self.options))
 
+  # The instance `reset` / `step` play by hand: a one-element list (this dataclass is frozen).
+  _played: list = dataclasses.field(default_factory=list, init=False, repr=False, compare=False)
+
   def new(self):
     return self.bound()()
+
+  def reset(self, seed: int) -> str:
+    """A new instance (the previous one closed), reset with `seed`: its first observation."""
+    self.close()
+    instance = self.new()
+    self._played.append(instance)
+    return instance.reset(seed)
+
+  def step(self, action: str):
+    """Steps the instance `reset` built: (observation, reward, done, info)."""
+    return self.instance.step(action)
+
+  @property
+  def instance(self):
+    if not self._played:
+      raise RuntimeError(f"environment {self.name!r}: call reset(seed) before playing it")
+    return self._played[0]
+
+  def close(self) -> None:
+    """Closes the instance being played by hand, if any."""
+    while self._played:
+      close = getattr(self._played.pop(), "close", None)
+      if callable(close):
+        close()
 
 
 def is_jax(factory) -> bool:
