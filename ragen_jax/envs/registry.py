@@ -60,6 +60,8 @@ class HostEnv:
   pool: str = "thread"
   workers: Optional[int] = None
   step_timeout_s: PositiveFloat = 60.0
+  # The instance `reset` / `step` play by hand: a one-element list (this dataclass is frozen).
+  _played: list = dataclasses.field(default_factory=list, init=False, repr=False, compare=False)
 
   def __post_init__(self):
     if self.pool not in POOL_MODES:
@@ -69,9 +71,6 @@ class HostEnv:
   def bound(self) -> Callable[[], Any]:
     """The zero-argument factory of one instance (picklable when `factory` is)."""
     return functools.partial(self.factory, **dict(self.options))
-
-  # The instance `reset` / `step` play by hand: a one-element list (this dataclass is frozen).
-  _played: list = dataclasses.field(default_factory=list, init=False, repr=False, compare=False)
 
   def new(self):
     return self.bound()()

@@ -14,8 +14,9 @@ The protocol is in ragen_jax.envs.serve.server. Failures raise:
   ConnectionError  the server is unreachable or hung up (stopped mid-episode)
 The rollout turns any of them into an environment error for that episode. `token_env` names an
 environment variable holding the server's bearer token (`--token-env`/`--token`); every request
-sends it as `Authorization: Bearer <token>`; a named variable that is unset is a ValueError here. A URL may carry a path
-prefix (a server behind a proxy: http://host/envs/sokoban). Non-finite rewards come back as
+sends it as `Authorization: Bearer <token>`; a named variable that is unset is a ValueError here.
+A URL may carry a path prefix (a server behind a proxy: http://host/envs/sokoban). Non-finite
+rewards come back as
 float('nan') / inf (json reads the NaN and Infinity tokens the server writes); values are not
 checked or converted here, that is the rollout's job.
 """

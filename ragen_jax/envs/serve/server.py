@@ -28,8 +28,8 @@ Protocol (JSON bodies, JSON answers, one connection per request):
   POST   /episodes/<id>/step  {"action": str} -> {"observation", "reward", "done", "info"}
   DELETE /episodes/<id>       closes the instance and forgets it -> {"ok": true}
   GET    /health              -> {"ok": true, "episodes": <live episodes>}
-Errors answer {"error": message}: 401 a missing or wrong token; 400 malformed JSON, a body that is not an object, a missing
-field or one of the wrong type (a bool is not a seed); 404 an unknown path or episode id; 405 a
+Errors answer {"error": message}: 401 a missing or wrong token; 400 malformed JSON, a body that
+is not an object, a missing field or one of the wrong type (a bool is not a seed); 404 an unknown path or episode id; 405 a
 method the path does not take (any other method too, rather than http.server's 501); 408 a body
 that stops arriving (60 s); 411 a body without Content-Length; 413 a body over --max-body-bytes
 (decided from the header before reading; a body up to 8 times the limit is then read and dropped,
@@ -342,12 +342,19 @@ def add_token_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def token_from_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
-  """The token `add_token_arguments` declared ("" for none); exits naming an unset variable."""
-  if not args.token_env:
-    return args.token
-  token = os.environ.get(args.token_env, "")
-  if not token:
-    parser.error(f"--token-env {args.token_env}: that environment variable is unset or empty")
+  """The token `add_token_arguments` declared ("" for none); exits naming an unset variable,
+  and warns when a server binds beyond the loopback interface without one."""
+  token = args.token
+  if args.token_env:
+    token = os.environ.get(args.token_env, "")
+    if not token:
+      parser.error(f"--token-env {args.token_env}: that environment variable is unset or empty")
+  if not token and args.host not in ("127.0.0.1", "localhost", "::1"):
+    print(
+        f"{parser.prog}: warning: {args.host} is reachable from other hosts and no token is "
+        "set (--token-env): anyone who can reach it can use it",
+        file=sys.stderr,
+    )
   return token
 
 
