@@ -1,7 +1,7 @@
 """RAGEN's SearchQA: answer a question, searching a corpus first (HotpotQA-style, multi-turn).
 
-    env = envs.make("search")                      # the shipped fictional encyclopedia, BM25
-    env.reset(seed=0)      # "Question: Who founded Velrin Optics?\\nAvailable actions: ..."
+    env = envs.make("search", split="val")         # the shipped fictional encyclopedia, BM25
+    env.reset(seed=1)      # "Question: Who founded Velrin Optics?\\nAvailable actions: ..."
     env.step("search[Velrin Optics]")              # results, reward 0, not done
     env.step("finish[Lyncor Ostvel]")              # "Your answer: ... Reward: 1.00", done
 
