@@ -26,14 +26,14 @@ def get_config(arg=None):
               "search",
               train_groups=8,  # CPU: RAGEN 16
               val_groups=64,  # CPU: RAGEN 256
-              # CPU: RAGEN 5 results of up to 800 characters (4000 in all): two short passages
-              # keep a turn near 250 tokens of the tiny model's vocabulary
-              options=dict(max_search_results=2, max_total_chars=1000),
+              # CPU: RAGEN 5 results of up to 800 characters (4000 in all). The best passage
+              # alone keeps an expert's three turns within 1024 tokens (two passages do not)
+              options=dict(max_search_results=1),
               val_options=dict(split="val"),
           )
       ),
       # RAGEN: 5 turns of one action; CPU: 4 (two hops and an answer fit 1024 tokens)
-      rollout=dict(max_turns=4, max_actions_per_turn=1, max_new_tokens=48, max_turn_tokens=320),
+      rollout=dict(max_turns=4, max_actions_per_turn=1, max_new_tokens=48),
       ppo=dict(actor_lr=1e-4, critic_lr=1e-4, num_minibatches=2),  # CPU: RAGEN 1e-6 / 1e-5
       sft=dict(steps=200, batch_size=16, lr=1e-3, warmup_steps=20),  # CPU: the expert's turns
       trainer=dict(total_steps=40, eval_every=10, save_every=10, pad_multiple=512),

@@ -8,7 +8,7 @@ uniformly random answer of the right form: Countdown, the given numbers in a ran
 by random operators (no parentheses); math, a random whole number from 0 to 100 per attempt;
 Sudoku (4x4), a random number in a random empty cell per placement, as many placements as the
 config's budget (5 turns of 2), under RAGEN's rewards or the dense scheme (`--sudoku_rewards`);
-SearchQA (the shipped encyclopedia's validation questions, the config's 2 results a search), a
+SearchQA (the shipped encyclopedia's validation questions, the config's 1 result a search), a
 search for the question's text, then an answer drawn from what it shows: a passage title, a year
 or yes / no, uniformly.
 Prints each environment's success rate and mean return over `plays` plays of every level.
@@ -84,7 +84,7 @@ def main():
           10,
       ),
       "search": (
-          SearchQA(split="val", max_search_results=2, max_total_chars=1000),
+          SearchQA(split="val", max_search_results=1),
           search_answer,
           4,
       ),

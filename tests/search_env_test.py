@@ -253,6 +253,8 @@ def test_bad_question_files_and_splits(tmp_path):
     SearchQA(data=good, split="val")
   with pytest.raises(ValueError, match="split"):
     SearchQA(split="test")
+  with pytest.raises(ValueError, match="retriever_api"):
+    SearchQA(retriever_api="elastic")
   with pytest.raises(ValueError, match="not both"):
     SearchQA(corpus=good, retriever="http://127.0.0.1:1")
   with pytest.raises(ValueError, match="max_steps"):

@@ -247,6 +247,8 @@ class SearchQA(text.TextEnv):
     check_arguments(SearchQA, dict(locals()), "")
     if split not in SPLITS:
       raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if retriever_api not in retrievers.APIS:
+      raise ValueError(f"retriever_api must be one of {retrievers.APIS}, got {retriever_api!r}")
     if split == "val" and data and not val_data:
       raise ValueError(
           "split='val' with your own data needs val_data=FILE (set it to the training file to "
