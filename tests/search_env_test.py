@@ -1,20 +1,29 @@
 """SearchQA (ragen_jax.envs.text.search_qa): reward, actions, BM25, the shipped encyclopedia."""
 
+import dataclasses
 import json
 import os
 
 import bm25s
 import hypothesis
 from hypothesis import strategies as st
+import jax
 import numpy as np
 import pytest
 
 from ragen_jax import envs
+from ragen_jax import rollout
+from ragen_jax import tokenizers
+from ragen_jax.config import cli
+from ragen_jax.config import schema
 from ragen_jax.envs.host.pool import HostPool
 from ragen_jax.envs.text import encyclopedia
 from ragen_jax.envs.text import retrievers
 from ragen_jax.envs.text import search_qa
 from ragen_jax.envs.text.search_qa import SearchQA
+from ragen_jax.warm_start import demos
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(name="env", scope="module")
@@ -320,3 +329,18 @@ def test_episodes_run_in_the_process_pool():
     assert outcome.observation == reference.step(plans[0].answers[0])[0] and outcome.valid
   finally:
     pool.close()
+
+
+def test_the_experts_episodes_fit_the_configs_context():
+  # configs/search_ppo.py's rollout sizes (1024 tokens, the best passage a search): the warm
+  # start's demonstrations must end in answers, not in a truncated context.
+  exp = schema.from_config(cli.load_config_file(os.path.join(ROOT, "configs", "search_ppo.py")))
+  spec = exp.envs[0]
+  config = dataclasses.replace(spec.rollout_config(exp.rollout, validation=True), env_groups=12)
+  engine = rollout.Rollout(spec.make(validation=True), tokenizers.load("sentencepiece"), config)
+  try:
+    policy = demos.expert_policy(engine.env, config, random_prob=0.0, seed=0)
+    result = engine.run_scripted(policy, jax.random.key(0), 0)
+  finally:
+    engine.close()
+  assert result.summary["context_truncated"] == 0.0 and result.summary["success"] == 1.0
