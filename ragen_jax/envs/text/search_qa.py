@@ -6,8 +6,8 @@
     env.step("finish[Lyncor Ostvel]")              # "Your answer: ... Reward: 1.00", done
 
 Options (keywords of `SearchQA`):
-  data, val_data   question files (JSONL: "question" with "golden_answers" (a list) or "answer"
-                   (a string or list); optional "searches", the titles the expert looks up);
+  data, val_data   question files (JSONL: "question" with "golden_answers", "answer" or "answers"
+                   (a string or a list); optional "searches", the titles the expert looks up);
                    unset: the shipped train / validation questions
   split            "train" reads `data`, "val" reads `val_data` (a config's validation sets
                    val_options.split="val"; RAGEN's validation reads its training file)
