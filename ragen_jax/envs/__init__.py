@@ -14,7 +14,9 @@ are stepped on the host, one instance per episode. `envs.register(name, factory)
             Sokoban (and its level generator), FrozenLake, Bandit, 2048 (`envs.game2048`: its
             move rule `slide` as a pure function)
   text/     the `TextEnv` contract (`envs.text`) and RAGEN's text environments: Countdown,
-            Sudoku, math (with its question generator)
+            Sudoku, math (with its question generator), SearchQA (its retrievers and the
+            generated encyclopedia it ships)
+  retrieval_server  `python -m ragen_jax.envs.retrieval_server`: BM25 over HTTP for SearchQA
   host/     stepping text environments on the host: `host.pool.HostPool` (threads or worker
             processes), its episode actors, and the records it returns (`host.records`)
   serve/    one text environment over HTTP: `python -m ragen_jax.envs.serve` (serve.server) and
