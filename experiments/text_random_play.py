@@ -10,18 +10,22 @@ Sudoku (4x4), a random number in a random empty cell per placement, as many plac
 config's budget (5 turns of 2), under RAGEN's rewards or the dense scheme (`--sudoku_rewards`).
 Code (the generated tasks' held-out split, the config's validation), a function of the right
 name returning one of 0, [], '' or its first argument, at most 2 plays a level (every answer
-runs 5 sandboxed tests). Prints each environment's success rate and mean return over `plays`
-plays of every level.
+runs 5 sandboxed tests). SearchQA (the shipped encyclopedia's validation questions, the config's
+1 result a search), a search for the question's text, then an answer drawn from what it shows: a
+passage title, a year or yes / no, uniformly.
+Prints each environment's success rate and mean return over `plays` plays of every level.
 """
 
 import argparse
 import random
+import re
 
 import numpy as np
 
 from ragen_jax.envs.text.code_env import CodeEnv
 from ragen_jax.envs.text.countdown import Countdown
 from ragen_jax.envs.text.math_env import MathEnv
+from ragen_jax.envs.text.search_qa import SearchQA
 from ragen_jax.envs.text.sudoku import format_action
 from ragen_jax.envs.text.sudoku import Sudoku
 
@@ -44,6 +48,14 @@ def sudoku_answer(env: Sudoku, rng: random.Random) -> str:
   empty = [(r, c) for r in range(env.size) for c in range(env.size) if not env.board[r][c]]
   r, c = rng.choice(empty)
   return format_action(r + 1, c + 1, rng.randint(1, env.size))
+
+
+def search_answer(env: SearchQA, rng: random.Random) -> str:
+  if env.searches_done == 0:
+    return f"search[{env.item.question}]"
+  shown = env.search(env.item.question)
+  candidates = re.findall(r'^"(.+)"$', shown, re.MULTILINE) + re.findall(r"\b1\d{3}\b", shown)
+  return f"finish[{rng.choice(candidates + ['yes', 'no'])}]"
 
 
 def play(env, answer, levels: int, seed: int, plays: int, turns: int):
@@ -80,6 +92,11 @@ def main():
           10,
       ),
       "code": (CodeEnv(split="test"), code_answer, 1),
+      "search": (
+          SearchQA(split="val", max_search_results=1),
+          search_answer,
+          4,
+      ),
   }
   code_plays = min(args.plays, 2)
   for name, (env, answer, turns) in games.items():

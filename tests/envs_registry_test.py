@@ -12,8 +12,8 @@ from ragen_jax.config import schema
 from examples import guess_number
 
 
-@pytest.fixture
-def registered():
+@pytest.fixture(name="registered")
+def _registered():
   registry.REGISTRY.pop("guess", None)
   envs.register("guess", guess_number.GuessNumber)
   yield "guess"
@@ -70,3 +70,37 @@ def test_jax_environments_still_build_as_before():
   assert registry.option_defaults(type(env))["dim_room"] == (6, 6)
   with pytest.raises(ValueError, match="Unknown option 'dim'"):
     envs.make("sokoban", dim=(6, 6))
+
+
+def test_a_text_environment_plays_by_hand():
+  env = envs.make("countdown", num_numbers=3)
+  with pytest.raises(RuntimeError, match="reset"):
+    env.step("1 + 2")
+  reference = envs.registry.REGISTRY["countdown"](num_numbers=3)
+  assert env.reset(7) == reference.reset(7)
+  answers, _ = env.instance.expert()
+  assert env.step(answers[0]) == reference.step(answers[0])
+  assert env == envs.make("countdown", num_numbers=3)  # playing changes no part of the spec
+  assert hash(env) == hash(envs.make("countdown", num_numbers=3))
+
+
+def test_reset_by_hand_closes_the_previous_instance():
+  closed = []
+
+  class Closing(envs.TextEnv):
+
+    def reset(self, seed):
+      return f"start {seed}"
+
+    def step(self, action):
+      return action, 0.0, True, {}
+
+    def close(self):
+      closed.append(self)
+
+  env = envs.registry.HostEnv("closing", Closing)
+  assert env.reset(1) == "start 1"
+  first = env.instance
+  assert env.reset(2) == "start 2" and closed == [first] and env.instance is not first
+  env.close()
+  assert len(closed) == 2

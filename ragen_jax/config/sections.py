@@ -54,6 +54,7 @@ ENV_DEFAULTS = {
     # Code runs tests in the sandbox: worker processes, and a turn's limit above the env's own
     # (CodeEnv's step_budget_s 30 s + test_timeout_s 2 s + a second).
     "code": dict(max_actions_per_traj=1, max_tokens_hint=400, pool="process", step_timeout_s=60.0),
+    "search": dict(max_actions_per_traj=10, max_tokens_hint=300),  # RAGEN's SearchQA
 }
 
 

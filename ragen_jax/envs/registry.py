@@ -2,6 +2,7 @@
 
     envs.register("guess", my_pkg.GuessNumber)          # a TextEnv class or factory function
     envs.make("guess", low=1, high=100)                  # -> HostEnv (one instance per episode)
+    env = envs.make("countdown"); env.reset(7); env.step("11 + 13 - 5")   # played by hand
     envs.make("", entry="my_pkg.my_env:MyEnv")           # an import path, no registration
     envs.make("", entry="http://127.0.0.1:8000")         # served by `python -m ragen_jax.envs.serve`
     envs.make("sokoban", dim_room=(6, 6))                # -> the pure-JAX Sokoban (jitted, vmapped)
@@ -26,6 +27,7 @@ from ragen_jax.envs.host.records import MODES as POOL_MODES
 from ragen_jax.envs.text.code_env import CodeEnv
 from ragen_jax.envs.text.countdown import Countdown
 from ragen_jax.envs.text.math_env import MathEnv
+from ragen_jax.envs.text.search_qa import SearchQA
 from ragen_jax.envs.text.sudoku import Sudoku
 
 # name -> a pure-JAX `base.Env` dataclass, or a factory of text environments (envs.text).
@@ -39,6 +41,7 @@ REGISTRY: Dict[str, Callable[..., Any]] = {
     "math": MathEnv,
     "sudoku": Sudoku,
     "code": CodeEnv,  # writing code against tests, run in ragen_jax.envs.sandbox
+    "search": SearchQA,
 }
 
 
@@ -47,7 +50,10 @@ class HostEnv:
   """A text environment of one tag, stepped on the host: `new()` builds one episode's instance.
 
   `pool`, `workers` and `step_timeout_s` say how the rollout steps the instances
-  (ragen_jax.envs.host.pool).
+  (ragen_jax.envs.host.pool). To play by hand, `reset(seed)` builds a fresh instance (closing
+  the previous one) and returns its first observation; `step(action)` steps it and returns
+  (observation, reward, done, info); `instance` is the one being played (its `instruction`,
+  `expert()`); `close()` closes it. The rollout never uses that instance: it builds its own.
   """
 
   name: str
@@ -56,6 +62,8 @@ class HostEnv:
   pool: str = "thread"
   workers: Optional[int] = None
   step_timeout_s: PositiveFloat = 60.0
+  # The instance `reset` / `step` play by hand: a one-element list (this dataclass is frozen).
+  _played: list = dataclasses.field(default_factory=list, init=False, repr=False, compare=False)
 
   def __post_init__(self):
     if self.pool not in POOL_MODES:
@@ -74,6 +82,30 @@ class HostEnv:
     for context windows, rollout.windows), or "" when it defines none."""
     hook = getattr(self.factory, "memory", None)
     return hook(history) if callable(hook) else ""
+
+  def reset(self, seed: int) -> str:
+    """A new instance (the previous one closed), reset with `seed`: its first observation."""
+    self.close()
+    instance = self.new()
+    self._played.append(instance)
+    return instance.reset(seed)
+
+  def step(self, action: str):
+    """Steps the instance `reset` built: (observation, reward, done, info)."""
+    return self.instance.step(action)
+
+  @property
+  def instance(self):
+    if not self._played:
+      raise RuntimeError(f"environment {self.name!r}: call reset(seed) before playing it")
+    return self._played[0]
+
+  def close(self) -> None:
+    """Closes the instance being played by hand, if any."""
+    while self._played:
+      close = getattr(self._played.pop(), "close", None)
+      if callable(close):
+        close()
 
 
 def is_jax(factory) -> bool:

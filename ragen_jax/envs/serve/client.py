@@ -1,6 +1,6 @@
 """A text environment played over HTTP from a `python -m ragen_jax.envs.serve` server.
 
-  env = HttpEnv("http://127.0.0.1:8000", timeout_s=60.0)
+  env = HttpEnv("http://127.0.0.1:8000", timeout_s=60.0, token_env="ENV_TOKEN")
   observation = env.reset(seed=3)    # a new episode on the server (the previous one closed)
   env.instruction, env.action_names, env.max_actions_per_turn   # as the served env set them
   observation, reward, done, info = env.step("answer text")      # sent verbatim
@@ -12,8 +12,11 @@ The protocol is in ragen_jax.envs.serve.server. Failures raise:
                    its exception type and message), a 4xx, or an answer that is not the protocol's
   TimeoutError     no answer within timeout_s (per connect and per read, not per request)
   ConnectionError  the server is unreachable or hung up (stopped mid-episode)
-The rollout turns any of them into an environment error for that episode. A URL may carry a path
-prefix (a server behind a proxy: http://host/envs/sokoban). Non-finite rewards come back as
+The rollout turns any of them into an environment error for that episode. `token_env` names an
+environment variable holding the server's bearer token (`--token-env`/`--token`); every request
+sends it as `Authorization: Bearer <token>`; a named variable that is unset is a ValueError here.
+A URL may carry a path prefix (a server behind a proxy: http://host/envs/sokoban). Non-finite
+rewards come back as
 float('nan') / inf (json reads the NaN and Infinity tokens the server writes); values are not
 checked or converted here, that is the rollout's job.
 """
@@ -22,6 +25,7 @@ import http.client
 import json
 import logging
 import operator
+import os
 import urllib.parse
 from typing import Any, Dict, Optional
 
@@ -33,12 +37,15 @@ logger = logging.getLogger(__name__)
 class HttpEnv(text.TextEnv):
   """A TextEnv whose episodes live on an environment server; see the module doc."""
 
-  def __init__(self, url: str, timeout_s: float = 60.0):
+  def __init__(self, url: str, timeout_s: float = 60.0, token_env: str = ""):
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
       raise ValueError(f"expected an http(s)://host:port URL, got {url!r}")
     if timeout_s <= 0:
       raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+    self._token = os.environ.get(token_env, "") if token_env else ""
+    if token_env and not self._token:
+      raise ValueError(f"token_env: the environment variable {token_env!r} is unset or empty")
     self.url = url.rstrip("/")
     self.timeout_s = float(timeout_s)
     self._connection_class = (
@@ -86,6 +93,8 @@ class HttpEnv(text.TextEnv):
   def _request(self, method: str, path: str, payload: Any = None) -> Dict[str, Any]:
     body = None if payload is None else json.dumps(payload).encode("ascii")
     headers = {} if body is None else {"Content-Type": "application/json"}
+    if self._token:
+      headers["Authorization"] = f"Bearer {self._token}"
     # A connection per request: nothing stale to reuse after a server restart, and never a
     # step sent twice by a retry on a reused connection.
     connection = self._connection_class(self._netloc, timeout=self.timeout_s)

@@ -6,6 +6,7 @@ answers every outcome, errors included, with a JSON object. `HttpError` is an an
 200, raised by the handler or the server. The protocol and status codes: see server's module doc.
 """
 
+import hmac
 import json
 import logging
 import re
@@ -38,7 +39,7 @@ class Handler(http_server.BaseHTTPRequestHandler):
 
   server: Any  # the server.EnvServer whose episodes it serves
   server_version = "ragen-jax-env/1"
-  _discard = 0  # bytes of an oversized body to drop after answering 413
+  _discard = 0  # bytes of an unread body (413, 401) to drop after answering
 
   def setup(self) -> None:
     self.timeout = self.server.request_timeout_s  # socket timeout, set by StreamRequestHandler
@@ -93,6 +94,7 @@ class Handler(http_server.BaseHTTPRequestHandler):
   def _dispatch(self) -> None:
     headers: Dict[str, str] = {}
     try:
+      self._authorize()
       status, answer = 200, self._route()
     except HttpError as err:
       status, answer, headers = err.status, err.answer, err.headers
@@ -100,6 +102,22 @@ class Handler(http_server.BaseHTTPRequestHandler):
       logger.exception("internal error on %s %s", self.command, self.path)
       status, answer = 500, {"error": f"internal server error: {type(exc).__name__}: {exc}"}
     self._answer(status, answer, headers)
+
+  def _authorize(self) -> None:
+    """With a server `token`, a request must carry `Authorization: Bearer <token>` (401)."""
+    token = getattr(self.server, "token", "")
+    if not token:
+      return
+    sent = self.headers.get("Authorization", "").encode("utf-8", "replace")
+    if hmac.compare_digest(sent, f"Bearer {token}".encode("utf-8")):
+      return
+    length = self.headers.get("Content-Length", "")
+    if _DIGITS.fullmatch(length.strip()):  # its unread body: dropped after the answer
+      self._discard = int(length)
+    self.close_connection = True
+    err = HttpError(401, "a valid 'Authorization: Bearer <token>' header is required")
+    err.headers["WWW-Authenticate"] = "Bearer"
+    raise err
 
   def _route(self) -> Dict[str, Any]:
     parts = self.path.split("?", 1)[0].split("/")

@@ -1,7 +1,8 @@
 """Serve any text environment (ragen_jax.envs.text) over HTTP, one instance per episode.
 
   python -m ragen_jax.envs.serve my_pkg.my_env:MyEnv --port 8000 [--host 127.0.0.1] \
-      [--options '{"k": 1}'] [--max-episodes 4096] [--max-body-bytes 1048576]
+      [--options '{"k": 1}'] [--max-episodes 4096] [--max-body-bytes 1048576] \
+      [--token-env ENV_TOKEN | --token TOKEN]
 
 `module.path:Name` names a factory (a class or function, imported by
 ragen_jax.envs.registry.load_entry; a URL is refused); every episode calls it with the options as
@@ -13,6 +14,13 @@ keyword arguments. A run plays the served environment with
   ...
   server.close()
 
+Beyond 127.0.0.1 (a cluster network: `--host 0.0.0.0`), give the server a bearer token: every
+request must then carry `Authorization: Bearer <token>` or gets 401 (compared in constant time).
+`--token-env NAME` reads it from the environment variable NAME (kept out of the process list);
+`--token` takes it directly. The client reads it from the environment variable its `token_env`
+option names (`HttpEnv(url, token_env="ENV_TOKEN")`; in a config,
+`envs.<tag>.options.token_env`), so the token never sits in a config or a log.
+
 Protocol (JSON bodies, JSON answers, one connection per request):
   POST   /episodes            {"seed": int} -> {"episode": id, "observation": str,
                               "instruction": str|null, "action_names": [str]|null,
@@ -20,8 +28,8 @@ Protocol (JSON bodies, JSON answers, one connection per request):
   POST   /episodes/<id>/step  {"action": str} -> {"observation", "reward", "done", "info"}
   DELETE /episodes/<id>       closes the instance and forgets it -> {"ok": true}
   GET    /health              -> {"ok": true, "episodes": <live episodes>}
-Errors answer {"error": message}: 400 malformed JSON, a body that is not an object, a missing
-field or one of the wrong type (a bool is not a seed); 404 an unknown path or episode id; 405 a
+Errors answer {"error": message}: 401 a missing or wrong token; 400 malformed JSON, a body that
+is not an object, a missing field or one of the wrong type (a bool is not a seed); 404 an unknown path or episode id; 405 a
 method the path does not take (any other method too, rather than http.server's 501); 408 a body
 that stops arriving (60 s); 411 a body without Content-Length; 413 a body over --max-body-bytes
 (decided from the header before reading; a body up to 8 times the limit is then read and dropped,
@@ -53,6 +61,7 @@ import collections
 import dataclasses
 import json
 import logging
+import os
 import secrets
 import signal
 import socket
@@ -131,6 +140,7 @@ class EnvServer(http_server.ThreadingHTTPServer):
       max_episodes: int = DEFAULT_MAX_EPISODES,
       max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
       request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+      token: str = "",
   ):
     if max_episodes < 1 or max_body_bytes < 1:
       raise ValueError("max_episodes and max_body_bytes must be positive")
@@ -139,6 +149,7 @@ class EnvServer(http_server.ThreadingHTTPServer):
     self.max_episodes = max_episodes
     self.max_body_bytes = max_body_bytes
     self.request_timeout_s = request_timeout_s
+    self.token = token  # non-empty: requests need `Authorization: Bearer <token>` (serve.http)
     self._episodes: "collections.OrderedDict[str, _Episode]" = collections.OrderedDict()
     self._lock = threading.Lock()  # guards _episodes; never held while an environment runs
     self._thread: Optional[threading.Thread] = None
@@ -323,6 +334,30 @@ def serve(
   return server
 
 
+def add_token_arguments(parser: argparse.ArgumentParser) -> None:
+  """`--token-env NAME` and `--token TOKEN`: the bearer token requests must carry (module doc)."""
+  group = parser.add_mutually_exclusive_group()
+  group.add_argument("--token-env", default="", help="environment variable holding the token")
+  group.add_argument("--token", default="", help="the token itself (visible in the process list)")
+
+
+def token_from_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+  """The token `add_token_arguments` declared ("" for none); exits naming an unset variable,
+  and warns when a server binds beyond the loopback interface without one."""
+  token = args.token
+  if args.token_env:
+    token = os.environ.get(args.token_env, "")
+    if not token:
+      parser.error(f"--token-env {args.token_env}: that environment variable is unset or empty")
+  if not token and args.host not in ("127.0.0.1", "localhost", "::1"):
+    print(
+        f"{parser.prog}: warning: {args.host} is reachable from other hosts and no token is "
+        "set (--token-env): anyone who can reach it can use it",
+        file=sys.stderr,
+    )
+  return token
+
+
 def _interrupt(signum: int, frame: Any) -> None:
   raise KeyboardInterrupt
 
@@ -337,6 +372,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   parser.add_argument("--options", default="{}", help="JSON object of keyword arguments")
   parser.add_argument("--max-episodes", type=int, default=DEFAULT_MAX_EPISODES)
   parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+  add_token_arguments(parser)
   parser.add_argument(
       "--log-level",
       default="INFO",
@@ -345,6 +381,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
       help="DEBUG logs every request",
   )
   args = parser.parse_args(argv)
+  token = token_from_arguments(parser, args)
   try:
     options = json.loads(args.options)
   except ValueError as exc:
@@ -371,6 +408,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
       options,
       max_episodes=args.max_episodes,
       max_body_bytes=args.max_body_bytes,
+      token=token,
   )
   # The first stdout line names the bound port (useful with --port 0).
   print(f"serving {args.entry} at {server.url}", flush=True)
