@@ -14,8 +14,8 @@ def test_make_errors_name_the_problem():
   with pytest.raises(
       ValueError,
       match=(
-          r"valid names: \['2048', 'bandit', 'countdown', 'frozenlake', 'math', 'sokoban', "
-          r"'sudoku'\]"
+          r"valid names: \['2048', 'bandit', 'code', 'countdown', 'frozenlake', 'math', "
+          r"'search', 'sokoban', 'sudoku'\]"
       ),
   ):
     envs.make("sokobann")

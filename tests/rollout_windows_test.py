@@ -110,11 +110,11 @@ def test_each_turn_is_a_row_holding_exactly_what_the_sampler_saw(played, model):
   )
 
 
-def test_single_turn_shows_no_earlier_turn_and_records_what_each_turn_saw(model):
+def test_single_turn_shows_no_earlier_turn_and_records_what_each_turn_saw():
   engine = rollout.Rollout(
       envs.make("sokoban"), TOK, config(context_window="single_turn", window_turns=None)
   )
-  result = engine.run(model, jax.random.key(2), seed=7)
+  result = engine.run_scripted(lambda s, ep: "go</think><answer>Up</answer>", jax.random.key(2), 7)
   for ep in result.episodes:
     for j, turn in enumerate(ep.turns):
       assert shown_turns(turn.context) == [j + 1] and turn.shown_from == j
