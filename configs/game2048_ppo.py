@@ -10,7 +10,7 @@ turns and the board (`rollout.context_window=last_k`, about 1,300 tokens), each 
 its own row, and the KV cache is that of 6 turns however long the game: CPU: 16 moves an episode
 (RAGEN 700), as the update's rows, not the context, are what the CPU pays for (16 rows of up to
 1,536 tokens an episode). `:full` keeps every turn in one sequence instead, which fits 8 moves in
-2048 tokens: the comparison at the same budget (docs/experiments/context_windows.md).
+2048 tokens: the comparison at the same budget.
 RAGEN's success (the game over with a tile of 2048) is out of reach in so few moves; the return
 and the largest tile (`train/game2048/max_tile`, `val/game2048/max_tile`) show progress. An
 unchanging move costs `invalid_penalty` (-0.1), which RAGEN's log reward turns into 0
