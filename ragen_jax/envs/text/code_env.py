@@ -47,6 +47,7 @@ from ragen_jax.envs import sandbox as sandbox_lib
 from ragen_jax.envs import text
 from ragen_jax.envs.text import code_problems as cp
 from ragen_jax.envs.text import code_tasks
+from ragen_jax.envs.text import jsonl
 
 HUMANEVAL = "humaneval"
 INSTRUCTION = (  # RAGEN's DeepCoder instruction
@@ -100,20 +101,7 @@ def _task_number(task_id: str) -> int:
 
 
 def _read(path: str) -> Tuple[cp.Problem, ...]:
-  problems = []
-  try:
-    with open(path, encoding="utf-8") as f:
-      for number, line in enumerate(f, 1):
-        if not line.strip():
-          continue
-        where = f"{path}, line {number}"
-        try:
-          obj = json.loads(line)
-        except json.JSONDecodeError as e:
-          raise ValueError(f"{where}: not JSON ({e.msg})") from e
-        problems.append(cp.parse(obj, where))
-  except OSError as e:
-    raise ValueError(f"cannot read the code problems file {path}: {e}") from e
+  problems = [cp.parse(obj, where) for _, where, obj in jsonl.objects(path, "code problems")]
   if not problems:
     raise ValueError(f"{path}: no problems (one JSON object a line expected)")
   return tuple(problems)

@@ -48,7 +48,6 @@ a short thought (the file's "reasoning", else "The answer is X.").
 """
 
 import dataclasses
-import json
 import os
 import re
 import threading
@@ -56,6 +55,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ragen_jax.config_checks import check_arguments, PositiveInt
 from ragen_jax.envs import text
+from ragen_jax.envs.text import jsonl
 
 DEFAULT_PATH = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -121,29 +121,13 @@ def clear_cache() -> None:
 
 
 def _read(path: str) -> Tuple[Question, ...]:
-  questions = []
-  try:
-    with open(path, encoding="utf-8") as f:
-      for number, line in enumerate(f, 1):
-        if line.strip():  # blank lines (a trailing one, say) are no questions
-          questions.append(_parse(line, path, number))
-  except OSError as e:
-    raise ValueError(f"cannot read the math questions file {path}: {e}") from e
-  except UnicodeDecodeError as e:
-    raise ValueError(f"{path}: not UTF-8 text: {e}") from e
+  questions = tuple(_parse(obj, where) for _, where, obj in jsonl.objects(path, "math questions"))
   if not questions:
     raise ValueError(f"{path}: no questions (one JSON object a line expected)")
-  return tuple(questions)
+  return questions
 
 
-def _parse(line: str, path: str, number: int) -> Question:
-  where = f"{path}, line {number}"
-  try:
-    obj = json.loads(line)
-  except json.JSONDecodeError as e:
-    raise ValueError(f"{where}: not JSON ({e.msg})") from e
-  if not isinstance(obj, dict):
-    raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+def _parse(obj: dict, where: str) -> Question:
   question = _field(obj, _QUESTION_FIELDS, where)
   raw_answer = _field(obj, _ANSWER_FIELDS, where)
   reasoning = obj.get("reasoning", "")

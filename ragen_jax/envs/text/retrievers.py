@@ -42,6 +42,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ragen_jax.envs.text import jsonl
+
 API_RAGEN = "ragen"
 API_SEARCH_R1 = "search_r1"
 APIS = (API_RAGEN, API_SEARCH_R1)
@@ -78,13 +80,7 @@ def tokenize(text: str) -> List[str]:
 # ------------------------------------------------------------------------------------ corpus
 
 
-def _passage(line: str, where: str, number: int) -> Passage:
-  try:
-    obj = json.loads(line)
-  except json.JSONDecodeError as e:
-    raise ValueError(f"{where}: not JSON ({e.msg})") from e
-  if not isinstance(obj, dict):
-    raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+def _passage(obj: dict, where: str, number: int) -> Passage:
   doc_id = obj.get("id", str(number))
   if isinstance(obj.get("contents"), str):
     first, _, rest = obj["contents"].partition("\n")
@@ -103,16 +99,7 @@ def _passage(line: str, where: str, number: int) -> Passage:
 
 def read_corpus(path: str) -> Tuple[Passage, ...]:
   """The passages of the JSONL file `path` (module doc); ValueError naming the file and line."""
-  passages = []
-  try:
-    with open(path, encoding="utf-8") as f:
-      for number, line in enumerate(f, 1):
-        if line.strip():
-          passages.append(_passage(line, f"{path}, line {number}", number))
-  except OSError as e:
-    raise ValueError(f"cannot read the corpus file {path}: {e}") from e
-  except UnicodeDecodeError as e:
-    raise ValueError(f"{path}: not UTF-8 text: {e}") from e
+  passages = [_passage(obj, where, n) for n, where, obj in jsonl.objects(path, "corpus")]
   if not passages:
     raise ValueError(f"{path}: the corpus has no passages (one JSON object a line expected)")
   return tuple(passages)

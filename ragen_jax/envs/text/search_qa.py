@@ -35,7 +35,6 @@ a positive reward.
 
 import collections
 import dataclasses
-import json
 import os
 import re
 import string
@@ -45,6 +44,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from ragen_jax.config_checks import check_arguments, FiniteFloat, PositiveFloat, PositiveInt
 from ragen_jax.config_checks import UnitFloat
 from ragen_jax.envs import text
+from ragen_jax.envs.text import jsonl
 from ragen_jax.envs.text import retrievers
 
 ASSETS = os.path.join(
@@ -179,13 +179,7 @@ def _answers(obj: dict, where: str) -> Tuple[str, ...]:
   raise ValueError(f'{where}: no "golden_answers" or "answer" field (keys: {sorted(obj)})')
 
 
-def _parse(line: str, where: str) -> Question:
-  try:
-    obj = json.loads(line)
-  except json.JSONDecodeError as e:
-    raise ValueError(f"{where}: not JSON ({e.msg})") from e
-  if not isinstance(obj, dict):
-    raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+def _parse(obj: dict, where: str) -> Question:
   question = obj.get("question")
   if not isinstance(question, str) or not question.strip():
     raise ValueError(f'{where}: "question" must be a non-empty string')
@@ -200,16 +194,7 @@ def load_questions(path: str) -> Tuple[Question, ...]:
   path = os.path.abspath(os.path.expanduser(path))
   with _CACHE_LOCK:
     if path not in _CACHE:
-      out = []
-      try:
-        with open(path, encoding="utf-8") as f:
-          for number, line in enumerate(f, 1):
-            if line.strip():
-              out.append(_parse(line, f"{path}, line {number}"))
-      except OSError as e:
-        raise ValueError(f"cannot read the SearchQA questions file {path}: {e}") from e
-      except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text: {e}") from e
+      out = [_parse(obj, where) for _, where, obj in jsonl.objects(path, "SearchQA questions")]
       if not out:
         raise ValueError(f"{path}: no questions (one JSON object a line expected)")
       _CACHE[path] = tuple(out)
