@@ -22,11 +22,11 @@ from ragen_jax import rollout
 from ragen_jax import sampling
 from ragen_jax import tokenizers
 from ragen_jax import viewer
-from ragen_jax.algos import advantages as adv_lib
 from ragen_jax.algos import train_step
 from ragen_jax.algos.step_records import OldPass
 from ragen_jax.envs.device import sokoban
 from ragen_jax.train import batching
+import rollout_engine_test
 
 TOK = tokenizers.load("sentencepiece")
 FAST = {"xla_backend_optimization_level": 0}  # compile time dominates on 2 CPU cores
@@ -38,19 +38,8 @@ def model():
 
 
 def config(**kw):
-  base = dict(
-      env_groups=2,
-      group_size=2,
-      max_turns=3,
-      max_new_tokens=16,
-      max_context=1024,
-      max_turn_tokens=400,
-      temperature=0.8,
-      context_window="last_k",
-      window_turns=1,
-  )
-  base.update(kw)
-  return rollout.RolloutConfig(**base)
+  """The engine tests' small rollout (the same compiled programs) with a window of one turn."""
+  return rollout_engine_test.small_config(**{"context_window": "last_k", "window_turns": 1, **kw})
 
 
 def shown_turns(prompt_ids):
