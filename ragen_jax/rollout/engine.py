@@ -313,13 +313,9 @@ class Rollout:
         )
       return chunk
     closed = ep.last_token == tok.eos_id
-    text = ("" if closed else tok_base.IM_END) + f"\n{tok_base.IM_START}user\n" + ep.pending
-    text += (
-        user
-        + f"{tok_base.IM_END}\n{tok_base.IM_START}assistant\n"
-        + prompts.generation_prefix(c.enable_think)
+    chunk = tok.encode(
+        ("" if closed else tok_base.IM_END) + "\n" + self._user_message(ep.pending + user)
     )
-    chunk = tok.encode(text)
     if len(chunk) > c.max_turn_tokens or len(ep.tokens()) + len(chunk) + c.max_new_tokens > (
         c.max_context
     ):
@@ -328,16 +324,20 @@ class Rollout:
     ep.messages.append({"role": "user", "content": ep.pending + user})
     return [ep.last_token] + chunk
 
+  def _user_message(self, content: str) -> str:
+    """A user message and the opening of the reply after it (ChatML and the generation prefix)."""
+    return (
+        f"{tok_base.IM_START}user\n{content}{tok_base.IM_END}\n{tok_base.IM_START}assistant\n"
+        + prompts.generation_prefix(self.config.enable_think)
+    )
+
   def _window_prompt(self, ep: Episode, turn: int) -> windows.WindowPrompt | None:
     """Window modes: the whole prompt of turn `turn` (rollout.windows); an episode whose turn
     cannot fit stops before it (None)."""
     c, tok = self.config, self.tok
     user = (ep.pending if turn > 1 else "") + self._user_turn(ep, turn)
     window = windows.prompt(ep, user, tok, c, self.memory)
-    own = tok.encode(
-        f"{tok_base.IM_START}user\n{user}{tok_base.IM_END}\n{tok_base.IM_START}assistant\n"
-        + prompts.generation_prefix(c.enable_think)
-    )
+    own = tok.encode(self._user_message(user))
     if window is None or len(own) > c.max_turn_tokens:
       if turn == 1:
         raise ValueError(

@@ -311,13 +311,7 @@ def sequence_rows(eps: List[Episode], use_turn_scores: bool, pad_id: int, failed
   b = len(eps)
   lists = [ep.arrays(use_turn_scores) for ep in eps]
   width = sampling.bucket(max(max(len(r["tokens"]) for r in lists), 1))
-  arrays = {
-      "tokens": np.full((b, width), pad_id, np.int32),
-      "mask": np.zeros((b, width), np.int32),
-      "loss": np.zeros((b, width), np.int32),
-      "logprobs": np.zeros((b, width), np.float32),
-      "rewards": np.zeros((b, width), np.float32),
-  }
+  arrays = windows.empty_rows(b, width, pad_id)
   for i, r in enumerate(lists):
     n = len(r["tokens"])
     if failed[i]:  # no training signal; one attended token keeps attention well defined

@@ -92,6 +92,17 @@ def prefix_length(ids: Sequence[int], system: Sequence[int]) -> int:
   return n if n < len(ids) and list(ids[:n]) == list(system) else 0
 
 
+def empty_rows(rows_: int, width: int, pad_id: int):
+  """The token arrays of a batch layout ({name: [rows, width]}), all padding."""
+  return {
+      "tokens": np.full((rows_, width), pad_id, np.int32),
+      "mask": np.zeros((rows_, width), np.int32),
+      "loss": np.zeros((rows_, width), np.int32),
+      "logprobs": np.zeros((rows_, width), np.float32),
+      "rewards": np.zeros((rows_, width), np.float32),
+  }
+
+
 def rows(eps, k: int, pad_id: int, failed: np.ndarray, use_turn_scores: bool):
   """The row layout: ({name: [R, T] array}, token_turns_RxT, row_episodes_R); see the module doc.
 
@@ -102,13 +113,7 @@ def rows(eps, k: int, pad_id: int, failed: np.ndarray, use_turn_scores: bool):
   lengths = [len(t.context) + len(t.reply) for ep in eps for t in ep.turns]
   width = sampling.bucket(max(lengths + [1]))
   r = b * k
-  arrays = {
-      "tokens": np.full((r, width), pad_id, np.int32),
-      "mask": np.zeros((r, width), np.int32),
-      "loss": np.zeros((r, width), np.int32),
-      "logprobs": np.zeros((r, width), np.float32),
-      "rewards": np.zeros((r, width), np.float32),
-  }
+  arrays = empty_rows(r, width, pad_id)
   token_turns_RxT = np.full((r, width), -1, np.int32)
   arrays["mask"][:, -1] = 1  # an empty row attends one padding token (attention well defined)
   for i, ep in enumerate(eps):
