@@ -12,7 +12,6 @@ fields or a body that is not JSON, 401, 404 unknown model or route, 405, 413 bod
 handler watches its socket: a client that hangs up gets its job cancelled (`Batcher.cancel`).
 """
 
-import hmac
 import json
 import logging
 import select
@@ -23,6 +22,7 @@ import uuid
 from http import server as http_server
 from typing import Any, Dict, Optional
 
+from ragen_jax.envs.serve import http as serve_http
 from ragen_jax.serving import batcher as batcher_lib
 from ragen_jax.serving import requests as requests_lib
 from ragen_jax.serving.requests import ApiError
@@ -103,8 +103,7 @@ class Handler(http_server.BaseHTTPRequestHandler):
     token = self.server.token
     if token is None:
       return
-    given = self.headers.get("Authorization", "")
-    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+    if not serve_http.bearer_matches(self.headers, token):
       self._drain()
       raise ApiError(401, "missing or wrong bearer token", kind="authentication_error")
 

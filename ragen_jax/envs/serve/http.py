@@ -24,6 +24,13 @@ _MAX_DISCARD_FACTOR = 8
 _DISCARD_TIME_S = 5.0
 
 
+def bearer_matches(headers: Mapping[str, str], token: str) -> bool:
+  """Whether a request's headers carry `Authorization: Bearer <token>` (compared in constant
+  time): the one check of every server here that takes a token."""
+  sent = headers.get("Authorization", "").encode("utf-8", "replace")
+  return hmac.compare_digest(sent, f"Bearer {token}".encode("utf-8"))
+
+
 class HttpError(Exception):
   """An answer other than 200, raised inside a request and answered by the handler."""
 
@@ -108,8 +115,7 @@ class Handler(http_server.BaseHTTPRequestHandler):
     token = getattr(self.server, "token", "")
     if not token:
       return
-    sent = self.headers.get("Authorization", "").encode("utf-8", "replace")
-    if hmac.compare_digest(sent, f"Bearer {token}".encode("utf-8")):
+    if bearer_matches(self.headers, token):
       return
     length = self.headers.get("Content-Length", "")
     if _DIGITS.fullmatch(length.strip()):  # its unread body: dropped after the answer
