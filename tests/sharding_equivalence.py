@@ -1,7 +1,7 @@
 """Runs one rollout and one train step of the `:smoke` config on several meshes; prints JSON.
 
   XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/sharding_equivalence.py \
-      1,1,1 8,1,1 1,4,2 2,2,2
+      1,1,1 8,1,1 2,2,2
 
 Run by tests/sharding_test.py in a subprocess (the device count is fixed when JAX starts). For
 each mesh (data, fsdp, tensor) over the first data x fsdp x tensor devices: the shipped warm start
