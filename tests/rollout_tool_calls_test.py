@@ -3,12 +3,16 @@ the rollout engine with scripted replies and the real SearchQA and code environm
 
 import json
 
+from flax import nnx
 from hypothesis import given, settings, strategies as st
 import jax
+import numpy as np
 import pytest
 
 from ragen_jax import envs
+from ragen_jax import models
 from ragen_jax import rollout
+from ragen_jax import sampling
 from ragen_jax import tokenizers
 from ragen_jax.envs import sandbox as sb
 from ragen_jax.envs import tools as tools_lib
@@ -314,3 +318,30 @@ def test_bad_tools_fail_their_episode_only():
     assert start.tools == (LOOKUP,)
   finally:
     pool.close()
+
+
+def test_the_llm_samples_with_the_tool_call_stop(monkeypatch):
+  """The model's sampler gets the options with "</tool_call>" only where tools are declared
+  (the sampler itself is replaced by one that answers nothing: no compilation)."""
+  seen = []
+
+  def silent(graphdef, params, cache, ids_BxC, *args, options, **kwargs):
+    del graphdef, params, args, kwargs
+    seen.append(options)
+    b, n = ids_BxC.shape[0], options.max_new_tokens
+    empty = np.full((b, n), options.pad_id, np.int32)
+    return sampling.SampleOutput(empty, np.zeros((b, n), np.float32), np.zeros(b, np.int32)), cache
+
+  monkeypatch.setattr(policies.sampling, "extend", silent)
+  spm = tokenizers.load("sentencepiece")
+  model = models.Qwen2(models.PRESETS["tiny"], rngs=nnx.Rngs(0))
+  cfg = config(group_size=1, max_turns=1, max_new_tokens=4, max_context=2048, max_turn_tokens=64)
+  for tools in (True, False):
+    engine = rollout.Rollout(envs.make("search", tools=tools), spm, cfg)
+    result = engine.run(model, jax.random.key(0), seed=0)
+    engine.close()
+    assert result.episodes[0].turns[0].penalised  # an empty reply
+  with_tools, without = seen
+  stop = tuple(spm.encode("</tool_call>"))
+  assert stop in with_tools.stop_sequences and without == engine.options
+  assert stop not in without.stop_sequences
