@@ -20,7 +20,6 @@ Options (keywords of `SearchQA`):
   max_steps        RAGEN's 10: the search (or empty answer) that uses the last step ends the
                    episode unanswered ("Maximum search steps reached...", reward 0)
   f1_threshold, correct_reward, incorrect_reward       RAGEN's 0.3, 1 and 0
-
   tools            declare the tools `search(query)` and `finish(answer)` (TOOLS): the prompt
                    shows them and a reply may call them (ragen_jax.envs.tools); default off
 
