@@ -189,6 +189,8 @@ def _stopped(tokens_BxN, step, token_B, stop_token_ids, stop_sequences):
     hit_B |= token_B == stop_id
   for seq in stop_sequences:
     k = len(seq)
+    if k > tokens_BxN.shape[1]:  # longer than a reply: never sampled in full
+      continue
     window_BxQ = jax.lax.dynamic_slice_in_dim(tokens_BxN, jnp.maximum(step - k + 1, 0), k, axis=1)
     hit_B |= jnp.all(window_BxQ == jnp.asarray(seq, jnp.int32)[None], axis=1) & (step >= k - 1)
   return hit_B

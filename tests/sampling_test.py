@@ -129,13 +129,14 @@ def test_stop_sequence_ends_the_row(pair):
       ).tokens_BxN
   )
   seq = (int(free[1, 4]), int(free[1, 5]))
+  longer_than_a_reply = tuple(range(1, 12))  # 11 tokens: never matches, never fails
   out = sampling.generate(
       model,
       ids,
       mask,
       key=jax.random.key(0),
       options=sampling.SamplingOptions(
-          max_new_tokens=10, temperature=0.0, stop_sequences=(seq,), pad_id=0
+          max_new_tokens=10, temperature=0.0, stop_sequences=(seq, longer_than_a_reply), pad_id=0
       ),
   )
   for row in range(len(LENGTHS)):

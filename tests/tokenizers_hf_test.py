@@ -13,15 +13,37 @@ import tokenizers as hf_tokenizers
 import transformers
 
 from ragen_jax import tokenizers
+from ragen_jax.envs import tools as envs_tools
 
-# Qwen2.5-Instruct's chat template (tokenizer_config.json), tool-free part
-# plus the tool-result branch, written out for the test.
+# Qwen2.5-Instruct's chat template (tokenizer_config.json): the tools block, the
+# tool-free part and the tool-result branch (not the assistant tool_calls branch),
+# written out for the test.
 QWEN25_TEMPLATE = (
+    "{%- if tools %}\n"
+    "    {{- '<|im_start|>system\\n' }}\n"
+    "    {%- if messages[0]['role'] == 'system' %}\n"
+    "        {{- messages[0]['content'] }}\n"
+    "    {%- else %}\n"
+    "        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}\n"
+    "    {%- endif %}\n"
+    '    {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user '
+    "query.\\n\\nYou are provided with function signatures within <tools></tools> XML "
+    'tags:\\n<tools>" }}\n'
+    "    {%- for tool in tools %}\n"
+    '        {{- "\\n" }}\n'
+    "        {{- tool | tojson }}\n"
+    "    {%- endfor %}\n"
+    '    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function '
+    "name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n"
+    '{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call>'
+    '<|im_end|>\\n" }}\n'
+    "{%- else %}\n"
     "{%- if messages[0]['role'] == 'system' %}\n"
     "    {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n"
     "{%- else %}\n"
     "    {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. "
     "You are a helpful assistant.<|im_end|>\\n' }}\n"
+    "{%- endif %}\n"
     "{%- endif %}\n"
     "{%- for message in messages %}\n"
     '    {%- if (message.role == "user") or (message.role == "system" and not '
@@ -116,6 +138,49 @@ def test_chat_template_matches_transformers(tokenizer_dir, hf_reference, index, 
   ]
   for tok in ours:
     assert tok.apply_chat_template(messages, generation) == expected
+
+
+# Tools as ragen_jax.envs.tools.Tool.schema writes them (key order kept), one with
+# non-ASCII text and nested schemas.
+TOOLS = [
+    envs_tools.Tool(
+        "search",
+        "Search the encyclopedia; returns the best passages.",
+        {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+    ).schema(),
+    envs_tools.Tool(
+        "set_mode",
+        "Wähle den Modus — «schnell» oder 'genau'.",
+        {
+            "type": "object",
+            "properties": {
+                "mode": {"type": "string", "enum": ["fast", "exact"]},
+                "limits": {"type": "array", "items": {"type": "integer"}},
+            },
+            "required": ["mode"],
+            "additionalProperties": False,
+        },
+    ).schema(),
+]
+
+
+@pytest.mark.parametrize("index", range(len(CONVERSATIONS)))
+@pytest.mark.parametrize("count", [1, 2])
+def test_tools_block_matches_transformers(tokenizer_dir, hf_reference, index, count):
+  messages, tools = CONVERSATIONS[index], TOOLS[:count]
+  expected = hf_reference.apply_chat_template(
+      messages, tools=tools, tokenize=False, add_generation_prompt=True
+  )
+  assert tokenizers.render_chatml(messages, True, tools=tools) == expected
+  assert (
+      tokenizers.HFTokenizer.from_dir(tokenizer_dir).apply_chat_template(messages, True, tools)
+      == expected
+  )
+  assert tokenizers.load("qwen2.5").apply_chat_template(messages, True, tools) == expected
+  # No tools renders as before.
+  assert tokenizers.render_chatml(messages, True, tools=[]) == tokenizers.render_chatml(
+      messages, True
+  )
 
 
 def test_builtin_renderer_without_a_template_matches(tokenizer_dir, hf_reference, tmp_path):

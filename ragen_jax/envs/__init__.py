@@ -16,6 +16,8 @@ are stepped on the host, one instance per episode. `envs.register(name, factory)
   text/     the `TextEnv` contract (`envs.text`) and RAGEN's text environments: Countdown,
             Sudoku, math (with its question generator), code (DeepCoder; its problem formats and
             task generator), SearchQA (its retrievers and the generated encyclopedia it ships)
+  tools     the tools an environment may declare (`envs.Tool`) and the structured action a
+            reply's tool call becomes (`envs.ToolCall`)
   sandbox   untrusted Python (model-written code) in namespaces under limits; its launcher
             process is sandbox_launcher
   retrieval_server  `python -m ragen_jax.envs.retrieval_server`: BM25 over HTTP for SearchQA
@@ -41,6 +43,8 @@ from ragen_jax.envs.registry import make
 from ragen_jax.envs.registry import register
 from ragen_jax.envs.registry import REGISTRY
 from ragen_jax.envs.text import TextEnv
+from ragen_jax.envs.tools import Tool
+from ragen_jax.envs.tools import ToolCall
 
 
 def from_gymnasium(*args, **kwargs):

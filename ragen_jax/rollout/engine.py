@@ -40,6 +40,15 @@ environment receives the canonical names; without one (free text) the answer, sp
 stripped and trimmed, goes to `step` as written (split on the separator only when the
 environment takes more than one answer per turn).
 
+Tool calls: an environment that declares `tools` (ragen_jax.envs.tools) has them rendered into
+its system message by the tokenizer's chat template (`apply_chat_template(..., tools=...)`),
+generation also stops at `</tool_call>` (for the whole batch, when any of its episodes declares
+tools), and a reply's first `<tool_call>` reaches `step` as a `ToolCall` (rollout.prompts). The
+result of a call is the next turn's state, shown in the template's tool-result block
+(`<tool_response>\n...\n</tool_response>`) inside the usual user turn; a malformed call costs
+the format penalty, steps nothing, and the next user turn says what was wrong after the reward
+("Invalid tool call: unknown tool 'x' (the tools are: ...)").
+
 Differences from RAGEN: trained tokens are the raw samples (RAGEN re-tokenises a cleaned
 reply); one format penalty per offending turn; an over-long context stops the episode rather
 than dropping the oldest turns (which would invalidate the cached keys of every later turn).
@@ -60,6 +69,7 @@ Dimension legend: G env groups, B = G x group_size episodes, A max actions per t
 C appended chunk length (bucketed), N max new tokens per turn, S cache capacity, T sequence.
 """
 
+import dataclasses
 import time
 from typing import Any, Callable, Dict, List
 
@@ -70,6 +80,7 @@ import numpy as np
 from ragen_jax import distributed
 from ragen_jax import models
 from ragen_jax import sampling
+from ragen_jax.envs import tools as tools_lib
 from ragen_jax.envs.host.records import EnvFault
 from ragen_jax.rollout import api_policy
 from ragen_jax.rollout import env_batch
@@ -116,6 +127,11 @@ class Rollout:
         stop_token_ids=(tokenizer.eos_id,),
         stop_sequences=(answer_end,),
         pad_id=tokenizer.pad_id,
+    )
+    # With tools declared, a reply also ends at its tool call.
+    self.tool_options = dataclasses.replace(
+        self.options,
+        stop_sequences=(answer_end, tuple(tokenizer.encode(tools_lib.TOOL_CALL_CLOSE))),
     )
     self.envs = env_batch.make(env, c, self.batch_size, sharder)
     self.memory = windows.memory_hook(env)  # window modes: text for the turns left out
@@ -179,6 +195,7 @@ class Rollout:
     timing["env_s"] += time.perf_counter() - tic
     eps = [self._open(seed, rows.lo + i, start) for i, start in enumerate(starts)]
     prefix = self._prefix(eps, rows) if c.window is not None else None
+    (uses_tools,) = rows.agree_max([int(any(ep.tools for ep in eps))])
     turn_steps = []  # decode steps of each turn on this process (the call runs to the max)
     for turn in range(1, c.max_turns + 1):
       if c.window is None:
@@ -198,6 +215,7 @@ class Rollout:
         break
       inputs = self._inputs(turn, chunks, longest, eps, stats)
       inputs.prefix = prefix
+      inputs.options = self.tool_options if uses_tools else None
       tic = time.perf_counter()
       key, inputs.key = jax.random.split(key)
       replies = policy.respond(inputs)
@@ -263,6 +281,7 @@ class Rollout:
         c.enable_think,
         c.max_tokens_hint,
         c.prompt_style,
+        bool(start.tools),
     )
     ep = Episode(
         seed + group,
@@ -272,6 +291,7 @@ class Rollout:
         per_turn,
         observation=start.observation,
         window=c.window,
+        tools=start.tools,
         **place,
     )
     if c.window is not None:
@@ -293,8 +313,15 @@ class Rollout:
 
   def _user_turn(self, ep: Episode, turn: int) -> str:
     c = self.config
+    state = tok_base.tool_response(ep.observation) if ep.tool_result else ep.observation
     return prompts.turn_prompt(
-        turn, ep.observation, ep.actions_left, c.enable_think, c.max_tokens_hint, c.prompt_style
+        turn,
+        state,
+        ep.actions_left,
+        c.enable_think,
+        c.max_tokens_hint,
+        c.prompt_style,
+        bool(ep.tools),
     )
 
   def _prompt(self, ep: Episode, turn: int) -> List[int]:
@@ -304,7 +331,7 @@ class Rollout:
     user = self._user_turn(ep, turn)
     if turn == 1:
       ep.messages.append({"role": "user", "content": user})
-      prompt = tok.apply_chat_template(ep.messages, add_generation_prompt=True)
+      prompt = tok.apply_chat_template(ep.messages, True, ep.tool_schemas)
       chunk = tok.encode(prompt + prompts.generation_prefix(c.enable_think))
       if len(chunk) + c.max_new_tokens > c.max_context:
         raise ValueError(
@@ -382,6 +409,11 @@ class Rollout:
     turn = Turn(list(context), tokens_N.tolist(), logprobs_N.tolist(), text=reply)
     ep.turns.append(turn)
     ep.messages.append({"role": "assistant", "content": reply})
+    tool = prompts.parse_tool_call(reply, ep.tools, c.enable_think) if ep.tools else None
+    if tool is not None:  # one call a turn; a malformed one steps nothing
+      turn.penalised, turn.tool_error = tool.call is None, tool.error
+      turn.actions = (tool.call,) if tool.call is not None and ep.actions_left > 0 else ()
+      return list(turn.actions)
     free = ep.action_names is None
     sep = "" if free and ep.max_actions_per_turn == 1 else c.action_sep
     parsed = prompts.parse_response(reply, c.enable_think, sep, ep.max_actions_per_turn)
@@ -417,8 +449,12 @@ class Rollout:
     # RAGEN shows the format penalty in the reward text when no valid action was made.
     shown = outcome.reward + (c.format_penalty if not turn.actions else 0.0)
     ep.pending = prompts.reward_prompt(shown)
+    if turn.tool_error:
+      ep.pending += prompts.tool_error_text(turn.tool_error)
     if not ep.done:
       ep.observation = outcome.observation
+      if outcome.executed:
+        ep.tool_result = any(isinstance(a, tools_lib.ToolCall) for a in turn.actions)
 
   def _fault(self, ep: Episode, fault) -> None:
     ep.env_error = f"{fault.kind}: {fault.message}"

@@ -134,8 +134,9 @@ class Turn:
   context: List[int]  # appended before the reply: prompt, or closing + reward + user text
   reply: List[int] = dataclasses.field(default_factory=list)  # sampled tokens
   logprobs: List[float] = dataclasses.field(default_factory=list)  # of the sampled tokens
-  actions: Tuple[str, ...] = ()  # what went to the environment
+  actions: Tuple[Any, ...] = ()  # what went to the environment (strings, or one ToolCall)
   penalised: bool = False  # format penalty: missing tag, unknown action or no action
+  tool_error: str = ""  # a malformed tool call: what was wrong (shown in the next user turn)
   env_reward: float = 0.0  # sum of the executed actions' rewards
   penalty: float = 0.0  # format penalty
   shaping: float = 0.0  # unchanged-turn penalty (RolloutConfig.unchanged_penalty)
@@ -180,6 +181,13 @@ class Episode:
   window: Optional[int] = None  # RolloutConfig.window: None, one sequence; k, a row per turn
   prefix: List[int] = dataclasses.field(default_factory=list)  # window modes: system tokens
   env_done: bool = False  # the environment ended the episode (not the turn or action budget)
+  tools: Tuple[Any, ...] = ()  # the environment's ragen_jax.envs.tools.Tool records
+  tool_result: bool = False  # `observation` is a tool call's result (shown as the template does)
+
+  @property
+  def tool_schemas(self) -> Optional[List[Dict[str, Any]]]:
+    """The tools as the chat template takes them (None without tools)."""
+    return [tool.schema() for tool in self.tools] if self.tools else None
 
   def tokens(self) -> List[int]:
     """The episode's one sequence (full context): every turn's context and reply."""

@@ -88,6 +88,9 @@ class TurnInputs:
   # Window modes: the rows' system-message tokens (ids_BxP, mask_BxP), whose slots open every
   # turn's cache, ids_BxC being the rest of each prompt; None: ids_BxC extends the cache.
   prefix: Any = None
+  # The rollout's sampling options when they are not the policy's own (an environment with
+  # tools also stops at "</tool_call>"); None: the policy's.
+  options: Any = None
 
 
 @dataclasses.dataclass
@@ -114,6 +117,7 @@ class LLMPolicy:
       self.cache = jax.device_put(self.cache, rows.sharder.cache(self.cache))
 
   def respond(self, inputs: TurnInputs) -> Replies:
+    options = inputs.options or self.options
     # This process's rows -> the global batch (unchanged on a single process).
     ids_BxC, mask_BxC, active_B = (
         self.rows.to_global(x) for x in (inputs.ids_BxC, inputs.mask_BxC, inputs.active_B)
@@ -136,7 +140,7 @@ class LLMPolicy:
         )
     # The context check guarantees the fit; extend() raises loudly otherwise.
     window = sampling.window_for(
-        int(self.cache.end_index) + ids_BxC.shape[1] + self.options.max_new_tokens,
+        int(self.cache.end_index) + ids_BxC.shape[1] + options.max_new_tokens,
         self.capacity,
     )
     out, self.cache = sampling.extend(
@@ -148,7 +152,7 @@ class LLMPolicy:
         jnp.asarray(active_B),
         inputs.key,
         window=window,
-        options=self.options,
+        options=options,
     )
     return Replies(*self.rows.to_local(out))
 

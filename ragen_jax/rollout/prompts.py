@@ -20,21 +20,33 @@ Parsing follows RAGEN: regex `<think>(.*?)</think>\\s*<answer>(.*?)</answer>` (D
 special tokens stripped from the captures, the answer split on the separator, trimmed, empties
 dropped, at most `max_actions` kept, then each word matched to an action name ignoring case.
 Nothing here raises on model output: junk simply parses to no actions.
+
+Tool calls (an environment that declares `tools`, ragen_jax.envs.tools): a reply whose text after
+the think block (with `enable_think`; else the whole reply) holds `<tool_call>` is a tool-call
+turn: its first `<tool_call>...</tool_call>` (one action a turn, as RAGEN's; later calls are
+ignored) is parsed and checked (`parse_tool_call`), and the `<answer>` rule does not apply. Any
+other reply is parsed as above, so the text form stays open beside the tool-call form.
 """
 
 import dataclasses
 import re
 from typing import Dict, Optional, Sequence, Tuple
 
+from ragen_jax.envs import tools as tools_lib
+
 PROMPT_STYLES = ("ragen", "compact")
 SPECIAL_TOKENS = ("<think>", "</think>", "<answer>", "</answer>", "<|im_start|>", "<|im_end|>")
 _THINK_ANSWER = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
 
 
-def output_rule(enable_think: bool = True, max_tokens_hint: int = 100) -> str:
-  """The reply-format rule RAGEN's user turns end with."""
-  fmt = "<think>...</think><answer>...</answer>" if enable_think else "<answer>...</answer>"
+def output_rule(enable_think: bool = True, max_tokens_hint: int = 100, tools: bool = False) -> str:
+  """The reply-format rule RAGEN's user turns end with (with tools, the tool-call form too)."""
+  think = "<think>...</think>" if enable_think else ""
+  fmt = f"{think}<answer>...</answer>"
+  if tools:
+    fmt += f" or {think}{tools_lib.TOOL_CALL_OPEN}...{tools_lib.TOOL_CALL_CLOSE}"
   return (
       f"Always output: {fmt} with no extra text. Strictly follow this format. Max response "
       f"length: {max_tokens_hint} words (tokens).\n"
@@ -50,10 +62,12 @@ def system_prompt(
     enable_think: bool = True,
     max_tokens_hint: int = 100,
     style: str = "ragen",
+    tools: bool = False,
 ) -> str:
   """System message in a PROMPT_STYLES style: instruction, symbol legend, action names (none for
   free-text answers), the action budget, and in the compact style the output rule (RAGEN's
-  style puts it at the end of every user turn instead)."""
+  style puts it at the end of every user turn instead). The tools themselves are the chat
+  template's to show (`tools`: the environment declares some)."""
   text = "You're a helpful assistant. " + instruction
   if grid_vocab:
     text += "\nThe meaning of each symbol in the state is:\n" + ", ".join(
@@ -65,7 +79,7 @@ def system_prompt(
       f"\nYou can make up to {max_actions_per_traj} actions, separated by the action "
       f'separator " {action_sep} "\n'
   )
-  return text + (output_rule(enable_think, max_tokens_hint) if style == "compact" else "")
+  return text + (output_rule(enable_think, max_tokens_hint, tools) if style == "compact" else "")
 
 
 def turn_prompt(
@@ -75,13 +89,14 @@ def turn_prompt(
     enable_think: bool = True,
     max_tokens_hint: int = 100,
     style: str = "ragen",
+    tools: bool = False,
 ) -> str:
   """The user text of turn `turn` (1-based) in a PROMPT_STYLES style."""
   if style == "compact":
     return f"\nTurn {turn}:\n{state_text}\nActions left: {actions_left}\n"
   return (
       f"\nTurn {turn}:\nState:\n{state_text}\nYou have {actions_left} actions left. "
-      + output_rule(enable_think, max_tokens_hint)
+      + output_rule(enable_think, max_tokens_hint, tools)
   )
 
 
@@ -125,3 +140,33 @@ def match_actions(words: Sequence[str], action_names: Sequence[str]) -> Tuple[li
 def turn_penalised(parsed: Parsed, num_invalid: int) -> bool:
   """RAGEN's format penalty condition: a missing tag, an unknown action, or no action at all."""
   return (not parsed.matched) or num_invalid > 0 or not parsed.actions
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolParse:
+  call: Optional[tools_lib.ToolCall]  # None: the call was malformed (a format penalty)
+  error: str  # what was wrong ("" for a good call), shown in the next user turn
+
+
+def parse_tool_call(
+    text: str, tools: Sequence[tools_lib.Tool], enable_think: bool = True
+) -> Optional[ToolParse]:
+  """The reply's tool call (module doc), or None when the reply makes none; never raises."""
+  if enable_think:
+    think = _THINK.search(text)
+    if think is None:
+      return None
+    text = text[think.end() :]
+  start = text.find(tools_lib.TOOL_CALL_OPEN)
+  if start < 0:
+    return None
+  start += len(tools_lib.TOOL_CALL_OPEN)
+  end = text.find(tools_lib.TOOL_CALL_CLOSE, start)
+  if end < 0:
+    return ToolParse(None, f"the tool call is not closed by {tools_lib.TOOL_CALL_CLOSE}")
+  return ToolParse(*tools_lib.parse_call(text[start:end], tools))
+
+
+def tool_error_text(error: str) -> str:
+  """What the user turn after a malformed tool call says about it (after the reward)."""
+  return f"Invalid tool call: {error}\n"

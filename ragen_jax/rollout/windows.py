@@ -70,7 +70,7 @@ def prompt(ep, user: str, tok, config, memory: Optional[Memory]) -> Optional[Win
     messages.append({"role": "user", "content": user})
     if text:
       messages[1]["content"] = f"{text}\n{messages[1]['content']}"
-    ids = tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True) + prefix)
+    ids = tok.encode(tok.apply_chat_template(messages, True, ep.tool_schemas) + prefix)
     if len(ids) + config.max_new_tokens <= config.max_context:
       return WindowPrompt(ids, start, text)
   return None
@@ -80,9 +80,9 @@ def system_ids(ep, tok) -> List[int]:
   """The tokens of the episode's system message alone (the prefix its prompts share), or none
   when the chat template does not tokenise it as a prefix of a prompt (each prompt is then
   prefilled whole)."""
-  ids = tok.encode(tok.apply_chat_template(ep.messages[:1]))
+  ids = tok.encode(tok.apply_chat_template(ep.messages[:1], False, ep.tool_schemas))
   probe = ep.messages[:1] + [{"role": "user", "content": "?"}]
-  return ids if prefix_length(tok.encode_chat(probe, add_generation_prompt=True), ids) else []
+  return ids if prefix_length(tok.encode_chat(probe, True, ep.tool_schemas), ids) else []
 
 
 def prefix_length(ids: Sequence[int], system: Sequence[int]) -> int:

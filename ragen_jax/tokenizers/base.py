@@ -11,7 +11,8 @@ tokens_BxT arrays).
 """
 
 import abc
-from typing import Mapping, Sequence
+import json
+from typing import Any, Mapping, Optional, Sequence
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -21,21 +22,43 @@ IM_END = "<|im_end|>"
 QWEN_DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 
 Message = Mapping[str, str]
+Schema = Mapping[str, Any]  # a tool as chat templates take it (ragen_jax.envs.tools.Tool.schema)
+
+
+def tools_block(tools: Sequence[Schema]) -> str:
+  """What Qwen2.5's template appends to the system message's text when tools are given."""
+  listed = "".join("\n" + json.dumps(dict(tool), ensure_ascii=False) for tool in tools)
+  return (
+      "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+      "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+      + listed
+      + "\n</tools>\n\nFor each function call, return a json object with function name and "
+      "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+      '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+  )
+
+
+def tool_response(content: str) -> str:
+  """A tool's result as Qwen2.5's template shows it (inside a user turn)."""
+  return f"<tool_response>\n{content}\n</tool_response>"
 
 
 def render_chatml(
     messages: Sequence[Message],
     add_generation_prompt: bool = False,
     default_system: str | None = QWEN_DEFAULT_SYSTEM,
+    tools: Optional[Sequence[Schema]] = None,
 ) -> str:
-  """Renders `messages` exactly as Qwen2.5's chat template does (without tools).
+  """Renders `messages` exactly as Qwen2.5's chat template does.
 
   Args:
     messages: dicts with "role" (system, user, assistant or tool) and
       "content".
     add_generation_prompt: append the assistant header to prompt a reply.
     default_system: system text used when messages[0] is not a system message;
-      None inserts no system turn.
+      None inserts no system turn (with tools: an empty system text).
+    tools: tool schemas ({"type": "function", "function": {...}}); their block
+      (`tools_block`) ends the system message.
 
   Returns:
     The prompt string.
@@ -44,7 +67,12 @@ def render_chatml(
     ValueError: unknown role, or an assistant message with tool calls.
   """
   parts = []
-  if default_system is not None and (not messages or messages[0]["role"] != "system"):
+  has_system = bool(messages) and messages[0]["role"] == "system"
+  if tools:
+    system = messages[0]["content"] if has_system else (default_system or "")
+    parts.append(f"{IM_START}system\n{system}{tools_block(tools)}{IM_END}\n")
+    messages = messages[1:] if has_system else messages
+  elif default_system is not None and not has_system:
     parts.append(f"{IM_START}system\n{default_system}{IM_END}\n")
   for i, message in enumerate(messages):
     role, content = message["role"], message["content"]
@@ -56,7 +84,7 @@ def render_chatml(
       # Consecutive tool results share one user turn, as in Qwen's template.
       if i == 0 or messages[i - 1]["role"] != "tool":
         parts.append(f"{IM_START}user")
-      parts.append(f"\n<tool_response>\n{content}\n</tool_response>")
+      parts.append("\n" + tool_response(content))
       if i == len(messages) - 1 or messages[i + 1]["role"] != "tool":
         parts.append(f"{IM_END}\n")
     else:
@@ -104,21 +132,28 @@ class Tokenizer(abc.ABC):
     """Id used for padding (<|endoftext|> for Qwen)."""
 
   def apply_chat_template(
-      self, messages: Sequence[Message], add_generation_prompt: bool = False
+      self,
+      messages: Sequence[Message],
+      add_generation_prompt: bool = False,
+      tools: Optional[Sequence[Schema]] = None,
   ) -> str:
-    """The chat prompt for `messages` (Qwen2.5 template, no tools).
+    """The chat prompt for `messages` (Qwen2.5 template).
 
     Args:
       messages: list of {"role": ..., "content": ...}.
       add_generation_prompt: end with "<|im_start|>assistant\\n".
+      tools: tool schemas shown in the system message (None: no tools).
 
     Returns:
       The prompt text; `encode` it to get ids.
     """
-    return render_chatml(messages, add_generation_prompt, self.default_system)
+    return render_chatml(messages, add_generation_prompt, self.default_system, tools)
 
   def encode_chat(
-      self, messages: Sequence[Message], add_generation_prompt: bool = False
+      self,
+      messages: Sequence[Message],
+      add_generation_prompt: bool = False,
+      tools: Optional[Sequence[Schema]] = None,
   ) -> list[int]:
     """Shorthand for encode(apply_chat_template(...))."""
-    return self.encode(self.apply_chat_template(messages, add_generation_prompt))
+    return self.encode(self.apply_chat_template(messages, add_generation_prompt, tools))

@@ -106,15 +106,16 @@ class HFTokenizer(base.Tokenizer):
   def pad_id(self) -> int:
     return self._pad_id
 
-  def apply_chat_template(self, messages, add_generation_prompt=False) -> str:
-    """Renders the checkpoint's own template (jinja2), else Qwen2.5 ChatML."""
+  def apply_chat_template(self, messages, add_generation_prompt=False, tools=None) -> str:
+    """Renders the checkpoint's own template (jinja2; its own tools block), else Qwen2.5
+    ChatML."""
     if self._chat_template is None:
-      return super().apply_chat_template(messages, add_generation_prompt)
+      return super().apply_chat_template(messages, add_generation_prompt, tools)
     try:
       import jinja2.ext  # pylint: disable=g-import-not-at-top
       import jinja2.sandbox  # pylint: disable=g-import-not-at-top
     except ImportError:
-      return super().apply_chat_template(messages, add_generation_prompt)
+      return super().apply_chat_template(messages, add_generation_prompt, tools)
     # Same environment options as transformers' chat template renderer.
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
@@ -132,6 +133,6 @@ class HFTokenizer(base.Tokenizer):
     return env.from_string(self._chat_template).render(
         messages=[dict(m) for m in messages],
         add_generation_prompt=add_generation_prompt,
-        tools=None,
+        tools=[dict(t) for t in tools] if tools else None,
         **specials,
     )

@@ -15,6 +15,7 @@ import threading
 import traceback as traceback_lib
 from typing import Any, Callable
 
+from ragen_jax.envs import tools as tools_lib
 from ragen_jax.envs.host.records import EnvFault
 from ragen_jax.envs.host.records import log as _log
 from ragen_jax.envs.host.records import one_line
@@ -131,7 +132,12 @@ def _check_start(env: Any, observation: Any) -> Start:
     if isinstance(per_turn, bool) or not isinstance(per_turn, numbers.Integral) or per_turn < 1:
       _fail("bad_output", f"max_actions_per_turn={_short(per_turn)} is not a positive int or None")
     per_turn = int(per_turn)
-  return Start(observation, instruction, names, per_turn)
+  tools = _call("reading tools", getattr, env, "tools", None)
+  try:
+    tools = tools_lib.as_tools(tools)
+  except TypeError as e:
+    _fail("bad_output", str(e))
+  return Start(observation, instruction, names, per_turn, tools)
 
 
 class Actor:

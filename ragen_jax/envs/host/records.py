@@ -37,6 +37,7 @@ class Start:
   instruction: str  # "" when the env has none
   action_names: Optional[tuple[str, ...]]
   max_actions_per_turn: Optional[int]
+  tools: tuple = ()  # the env's ragen_jax.envs.tools.Tool records (none: no tool calls)
 
 
 @dataclasses.dataclass(frozen=True)

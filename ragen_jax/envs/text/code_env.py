@@ -26,6 +26,9 @@ a later answer pays only its gain over the best share so far (RAGEN pays every a
 which pays failing repeatedly), so an episode's return is its best share. The episode ends on
 success ("Correct!") or after `max_attempts` answers ("Incorrect.").
 An empty answer uses an attempt too (feedback "Empty action", RAGEN's words).
+Tool form: `tools=True` declares the tool `submit(code)` (TOOLS; ragen_jax.envs.tools), shown in
+the prompt; a `ToolCall` of it is the same answer as its `code` text, whether or not `tools` is
+on (another call is an empty answer).
 `info`: success, action_is_valid and action_is_effective (the candidate parses), passed, tests
 and the 1-based attempt. `expert()`: the reference solution where the data has one.
 
@@ -45,6 +48,7 @@ from typing import Dict, List, Optional, Tuple
 from ragen_jax.config_checks import check_arguments, PositiveFloat, PositiveInt
 from ragen_jax.envs import sandbox as sandbox_lib
 from ragen_jax.envs import text
+from ragen_jax.envs import tools as tools_lib
 from ragen_jax.envs.text import code_problems as cp
 from ragen_jax.envs.text import code_tasks
 from ragen_jax.envs.text import jsonl
@@ -58,6 +62,13 @@ _RETRY_SENTENCE = (
     " A failed answer is shown its test results and may be retried ({n} tries in all)."
 )
 CORRECT, INCORRECT = "Correct!", "Incorrect."
+TOOLS = (
+    tools_lib.Tool(
+        "submit",
+        "Submit a complete Python solution: it runs against the problem's tests.",
+        {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+    ),
+)
 _SHOWN_CHARS = 200  # of a got/expected value or an error in the feedback
 
 _CACHE: Dict[str, Tuple[cp.Problem, ...]] = {}
@@ -136,6 +147,7 @@ class CodeEnv(text.TextEnv):
       sandbox: str = "auto",
       python: str = "",
       instruction: Optional[str] = None,
+      tools: bool = False,
   ):
     """split: the generated tasks' split (path None); sandbox, python: ragen_jax.envs.sandbox's
     isolation ("auto" or an explicit "none") and interpreter ("" = this one, else the system's)."""
@@ -161,6 +173,7 @@ class CodeEnv(text.TextEnv):
     self.max_attempts, self.step_budget_s = max_attempts, step_budget_s
     retry = _RETRY_SENTENCE.format(n=max_attempts) if max_attempts > 1 else ""
     self.instruction = INSTRUCTION + retry if instruction is None else instruction
+    self.tools = TOOLS if tools else ()
     self.problem: Optional[cp.Problem] = None
     self._attempts, self._best, self._done = 0, 0.0, False
 
@@ -220,7 +233,10 @@ class CodeEnv(text.TextEnv):
       raise RuntimeError("CodeEnv.step called before reset")
     if self._done:
       raise RuntimeError("CodeEnv.step called after the episode ended; call reset")
-    answer = "" if action is None else str(action)
+    if isinstance(action, tools_lib.ToolCall):
+      answer = "" if tools_lib.check_call(action, TOOLS) else action.arguments["code"]
+    else:
+      answer = "" if action is None else str(action)
     total = len(self.problem.tests)
     if cp.extract_code(answer).strip():
       passed, failure, valid = self.judge(answer)

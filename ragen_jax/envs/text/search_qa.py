@@ -20,11 +20,15 @@ Options (keywords of `SearchQA`):
   max_steps        RAGEN's 10: the search (or empty answer) that uses the last step ends the
                    episode unanswered ("Maximum search steps reached...", reward 0)
   f1_threshold, correct_reward, incorrect_reward       RAGEN's 0.3, 1 and 0
+  tools            declare the tools `search(query)` and `finish(answer)` (TOOLS): the prompt
+                   shows them and a reply may call them (ragen_jax.envs.tools); default off
 
 Actions (RAGEN's, case-sensitive): `search[query]` and `finish[answer]` (the text starts with
 "search[" or "finish[" and ends with "]"). Any other non-empty text is a fallback answer: an
 answer is extracted (`extract_answer`), scored, the episode ends and `action_is_valid` is False.
 Empty text is invalid and ends nothing. A query is cut at MAX_QUERY_CHARS before searching.
+A `ToolCall` of TOOLS is the same action as its text form (`search[query]`, `finish[answer]`),
+whether or not `tools` is on; another call is invalid.
 
 Reward (`score`, SQuAD's normalisation: lower case, no punctuation, no articles a/an/the,
 whitespace collapsed): an exact match with any golden answer pays `correct_reward`; otherwise the
@@ -44,6 +48,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from ragen_jax.config_checks import check_arguments, FiniteFloat, PositiveFloat, PositiveInt
 from ragen_jax.config_checks import UnitFloat
 from ragen_jax.envs import text
+from ragen_jax.envs import tools as tools_lib
 from ragen_jax.envs.text import jsonl
 from ragen_jax.envs.text import retrievers
 
@@ -66,6 +71,20 @@ INSTRUCTION = (
     "give your final answer (a short name, year, or yes / no). Search for each entity the "
     "question needs before answering, e.g. <answer>search[Velrin Optics]</answer>, then "
     "<answer>finish[Lyncor Ostvel]</answer>."
+)
+# The tool form of the two actions: (tool, the argument its text form brackets).
+_TOOL_ARGUMENT = {"search": "query", "finish": "answer"}
+TOOLS = (
+    tools_lib.Tool(
+        "search",
+        "Search the encyclopedia: returns the passages that best match the query.",
+        {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+    ),
+    tools_lib.Tool(
+        "finish",
+        "Give the final answer (a short name, year, or yes / no); ends the episode.",
+        {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]},
+    ),
 )
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
@@ -139,8 +158,13 @@ def extract_answer(response: str) -> str:
   return sentences[0] if sentences else response[:100].strip()
 
 
-def parse_action(action: str) -> Tuple[str, str]:
-  """("search" | "finish" | "fallback" | "invalid", its argument) of one action text."""
+def parse_action(action) -> Tuple[str, str]:
+  """("search" | "finish" | "fallback" | "invalid", its argument) of one action text or
+  `ToolCall`."""
+  if isinstance(action, tools_lib.ToolCall):
+    if tools_lib.check_call(action, TOOLS):
+      return "invalid", ""
+    return action.name, action.arguments[_TOOL_ARGUMENT[action.name]]
   action = action.strip() if isinstance(action, str) else ""
   if not action:
     return "invalid", ""
@@ -228,6 +252,7 @@ class SearchQA(text.TextEnv):
       f1_threshold: UnitFloat = 0.3,
       correct_reward: FiniteFloat = 1.0,
       incorrect_reward: FiniteFloat = 0.0,
+      tools: bool = False,
   ):
     check_arguments(SearchQA, dict(locals()), "")
     if split not in SPLITS:
@@ -256,6 +281,7 @@ class SearchQA(text.TextEnv):
     self.max_doc_chars, self.max_total_chars = max_doc_chars, max_total_chars
     self.f1_threshold = f1_threshold
     self.correct_reward, self.incorrect_reward = float(correct_reward), float(incorrect_reward)
+    self.tools = TOOLS if tools else ()
     self.item: Optional[Question] = None
     self.steps = 0
     self.searches_done = 0
