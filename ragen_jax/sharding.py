@@ -148,10 +148,12 @@ def split_devices(
   """(rollout devices, training devices): the first `spec.rollout_devices`, and the rest; a
   ValueError naming mesh.rollout_devices when either side would be empty."""
   n = spec.rollout_devices
-  if not 0 < n < len(devices):
+  if n < 1:
+    raise ValueError(f"mesh.rollout_devices = {n}: the rollout needs at least one device")
+  if n >= len(devices):
     raise ValueError(
-        f"mesh.rollout_devices = {n} must lie in [1, {len(devices) - 1}] with "
-        f"{len(devices)} devices: the rollout needs at least one and the update the rest"
+        f"mesh.rollout_devices = {n} leaves none of the {len(devices)} devices to train on; "
+        f"give the rollout at most {len(devices) - 1}"
     )
   return devices[:n], devices[n:]
 
