@@ -54,7 +54,7 @@ def config(args, async_rollout: bool):
             entry=ENTRY,
             options=dict(sleep_s=args.sleep_ms / 1000),
             train_groups=args.groups,
-            val_groups=1,
+            val_groups=8,
         )
     )
     cfg.rollout.group_size = args.group_size

@@ -3,7 +3,7 @@
     weights = pipeline.RolloutWeights(model, rollout_sharder)
     weights.load(state.train.actor_params, version=s - 1)   # copied to the rollout devices
     train_state, metrics = train_step(...)                  # dispatched, not awaited
-    ahead = pipeline.Played(...)                            # the next rollout, played meanwhile
+    ahead = pipeline.play(weights, s + 1, collect)          # the next rollout, meanwhile
     metrics = jax.device_get(metrics)                       # only now wait for the update
 
 `mesh.rollout_devices` = N splits the devices (sharding.split_devices): the first N play the
@@ -28,7 +28,7 @@ that rollout exactly as the uninterrupted run played it.
 
 import dataclasses
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict
 
 import jax
 
@@ -92,9 +92,3 @@ def play(
   tic = time.perf_counter()
   results = collect(weights.policy(), step)
   return Played(step, results, weights.version, time.perf_counter() - tic)
-
-
-def weights_for(step: int, max_staleness: int) -> Optional[int]:
-  """The step whose weights play the rollout of `step`, given that the rollout of step s+1
-  plays while step s trains: s-1 one step ahead, s (after waiting) when max_staleness is 0."""
-  return max(step - 1 - min(max_staleness, 1), 0)
