@@ -10,7 +10,8 @@ unless given), one process trains the same config twice from the shipped warm st
          s+1 plays (its environments stepping) while step s trains (max_staleness 1, TIS).
 The environment is `host_envs.HostFrozenLake`: non-slippery FrozenLake on the host that waits
 --sleep-ms in every reset and step (an environment behind I/O, a simulator, a server), on the
-thread pool. --groups x --group-size episodes per step, up to 5 turns each.
+thread pool. --groups x --group-size episodes per step, up to 5 turns each; batches padded to
+the whole context (one compiled update), no collapse diagnostics.
 
 Each figure is the median `timing_s/step` over the steps after the first two (compilation) and
 before the last (which validates). Prints the machine, a markdown table (step seconds, rollout
@@ -59,6 +60,8 @@ def config(args, async_rollout: bool):
     )
     cfg.rollout.group_size = args.group_size
     cfg.rollout.max_turns = 5
+    cfg.trainer.pad_multiple = cfg.rollout.max_context  # one compiled update
+    cfg.diagnostics.compute_freq = 0  # timed steps without the collapse metrics
     cfg.trainer.total_steps = args.steps
     cfg.trainer.eval_every = args.steps
     cfg.trainer.save_every = args.steps
