@@ -1,7 +1,7 @@
 """Training steps with rollouts one step ahead (trainer.async_rollout) against synchronous ones.
 
-    python experiments/bench/async.py [--steps 6] [--sleep-ms 50] [--rollout-devices 4]
-        [--groups 4] [--group-size 4]
+    python experiments/bench/async.py [--steps 5] [--sleep-ms 50] [--rollout-devices 4]
+        [--groups 2] [--group-size 4] [--turns 3]
 
 On 8 simulated CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8, set here
 unless given), one process trains the same config twice from the shipped warm start:
@@ -10,8 +10,8 @@ unless given), one process trains the same config twice from the shipped warm st
          s+1 plays (its environments stepping) while step s trains (max_staleness 1, TIS).
 The environment is `host_envs.HostFrozenLake`: non-slippery FrozenLake on the host that waits
 --sleep-ms in every reset and step (an environment behind I/O, a simulator, a server), on the
-thread pool. --groups x --group-size episodes per step, up to 5 turns each; batches padded to
-the whole context (one compiled update), no collapse diagnostics.
+thread pool. --groups x --group-size episodes per step, up to --turns turns each, in a
+768-token context padded whole (one compiled update); no collapse diagnostics.
 
 Each figure is the median `timing_s/step` over the steps after the first two (compilation) and
 before the last (which validates). Prints the machine, a markdown table (step seconds, rollout
@@ -59,8 +59,9 @@ def config(args, async_rollout: bool):
         )
     )
     cfg.rollout.group_size = args.group_size
-    cfg.rollout.max_turns = 5
-    cfg.trainer.pad_multiple = cfg.rollout.max_context  # one compiled update
+    cfg.rollout.max_turns = args.turns
+    cfg.rollout.max_context = 768  # the `:smoke` sizes: one compiled update
+    cfg.trainer.pad_multiple = 768
     cfg.diagnostics.compute_freq = 0  # timed steps without the collapse metrics
     cfg.trainer.total_steps = args.steps
     cfg.trainer.eval_every = args.steps
@@ -84,11 +85,12 @@ def timings(workdir: str, steps: int):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--steps", type=int, default=6)
+  parser.add_argument("--steps", type=int, default=5)
   parser.add_argument("--sleep-ms", type=float, default=50.0)
   parser.add_argument("--rollout-devices", type=int, default=4)
-  parser.add_argument("--groups", type=int, default=4)
+  parser.add_argument("--groups", type=int, default=2)
   parser.add_argument("--group-size", type=int, default=4)
+  parser.add_argument("--turns", type=int, default=3)
   args = parser.parse_args()
   if args.steps < 4:
     parser.error("--steps must be >= 4 (two compile, one validates)")
