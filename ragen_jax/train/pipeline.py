@@ -54,10 +54,8 @@ class RolloutWeights:
   """The actor's parameters on the rollout devices, and the step they come from."""
 
   def __init__(self, model, sharder):
-    self.graph = ModelGraph.of(model)
-    self.graph = ModelGraph(
-        self.graph.graphdef, jax.device_put(self.graph.rest, sharder.replicated)
-    )
+    graph = ModelGraph.of(model)  # its non-parameter state on the rollout devices too
+    self.graph = ModelGraph(graph.graphdef, jax.device_put(graph.rest, sharder.replicated))
     self.sharder = sharder
     self.frozen = None  # LoRA: the base weights, placed once
     self.trainable = None  # what each load copies (everything without LoRA)
