@@ -29,6 +29,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 import numpy as np
 
+from ragen_jax import config_checks
+from ragen_jax.config_checks import NonNegativeInt
+
 MESH_AXES = ("data", "fsdp", "tensor")
 LOGICAL_AXES = (
     "batch",
@@ -100,8 +103,12 @@ class MeshSpec:
       default=DEFAULT_RULES,
       metadata={"section": lambda rules: {name: ",".join(axes) for name, axes in rules}},
   )  # the config's form of the table
+  # trainer.async_rollout: the first N devices play rollouts (data x tensor, the training
+  # mesh's tensor size), the rest train on the data x fsdp x tensor mesh above; 0 = none
+  rollout_devices: int = 0
 
   def __post_init__(self):
+    config_checks.check_value("mesh.rollout_devices", self.rollout_devices, NonNegativeInt)
     sizes = (self.data, self.fsdp, self.tensor)
     if any(not isinstance(s, int) or (s < 1 and s != -1) for s in sizes):
       raise ValueError(
@@ -129,6 +136,26 @@ class MeshSpec:
           f"{math.prod(sizes)} devices, but {num_devices} are available"
       )
     return tuple(sizes)
+
+  def rollout_spec(self) -> "MeshSpec":
+    """The rollout devices' mesh: episodes over data, the training mesh's tensor split."""
+    return dataclasses.replace(self, data=-1, fsdp=1, rollout_devices=0)
+
+
+def split_devices(
+    spec: MeshSpec, devices: Sequence[jax.Device]
+) -> Tuple[Sequence[jax.Device], Sequence[jax.Device]]:
+  """(rollout devices, training devices): the first `spec.rollout_devices`, and the rest; a
+  ValueError naming mesh.rollout_devices when either side would be empty."""
+  n = spec.rollout_devices
+  if n < 1:
+    raise ValueError(f"mesh.rollout_devices = {n}: the rollout needs at least one device")
+  if n >= len(devices):
+    raise ValueError(
+        f"mesh.rollout_devices = {n} leaves none of the {len(devices)} devices to train on; "
+        f"give the rollout at most {len(devices) - 1}"
+    )
+  return devices[:n], devices[n:]
 
 
 class Sharder:

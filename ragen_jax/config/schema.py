@@ -162,6 +162,10 @@ class TrainerSpec:
   sample_trajectories: NonNegativeInt = 3  # validation trajectories logged as text each time
   pad_multiple: PositiveInt = 128  # training sequences padded to a multiple of this, so the
   # train step compiles once per length bucket
+  # Rollouts one step ahead on their own devices (mesh.rollout_devices; train/pipeline.py): the
+  # rollout of step s+1 plays while step s trains, with weights at most max_staleness steps old
+  async_rollout: bool = False
+  max_staleness: NonNegativeInt = 1  # 0: each rollout waits for the newest weights (synchronous)
 
   def __post_init__(self):
     check_fields(self, "trainer")
@@ -293,6 +297,21 @@ def _check_model(model: ModelSpec) -> None:
     _fail(f"model.param_dtype {model.param_dtype!r} not in {PARAM_DTYPES}")
 
 
+def _check_async(exp: Experiment) -> None:
+  """What asynchronous rollouts need from the other sections (the devices: at start)."""
+  n, on = exp.mesh.rollout_devices, exp.trainer.async_rollout
+  if n and not on:
+    _fail(f"mesh.rollout_devices = {n} needs trainer.async_rollout=True (or set it to 0)")
+  if on and not n:
+    _fail("trainer.async_rollout=True needs mesh.rollout_devices >= 1 (the rollout's devices)")
+  if on and not exp.ppo.recompute_old_logprobs:
+    _fail(
+        "trainer.async_rollout=True needs ppo.recompute_old_logprobs=True: the PPO ratio is taken "
+        "against the trained policy at the step's start, and the sampler's (stale) log-probs "
+        "are the behaviour policy of ppo.rollout_correction"
+    )
+
+
 def from_config(config) -> Experiment:
   """Validates an experiment ConfigDict (see module doc); raises ValueError naming the key."""
   for name in ("envs", *SECTIONS):
@@ -316,6 +335,7 @@ def from_config(config) -> Experiment:
     except ValueError as e:
       _fail(f"envs.{spec.tag}: {e}")
   _check_model(exp.model)
+  _check_async(exp)
   try:
     exp.ppo.check_batch(exp.train_episodes)
   except ValueError as e:

@@ -14,7 +14,6 @@ import os
 from typing import Optional, Tuple
 
 from absl import logging
-import jax
 import ml_collections
 
 from ragen_jax import algos
@@ -61,12 +60,13 @@ def load_actor(path: str):
   config, directory, step = run_config(path)
   exp = schema.from_config(config)
   model, tok = policy_lib.build(exp)
-  like = jax.eval_shape(lambda: run_state.new_state(model, exp.ppo, jax.random.key(0)))
   ckpt = checkpoints.Checkpointer(directory)
   try:
-    state, meta = ckpt.restore(like, step)
+    state, meta = ckpt.restore(run_state.abstract(model, exp), step)
   finally:
     ckpt.close()
+  if isinstance(state, run_state.PipelinedState):
+    state = state.run
   return algos.actor_module(model, state.train), tok, config, int(meta["step"])
 
 

@@ -29,6 +29,9 @@ which more episodes than `envs.<tag>.max_env_errors` ended in an environment fau
 training on them). Ctrl-C or SIGTERM finishes the current step, saves and returns
 (`stop_signals`; during start-up it stops at once, nothing having been trained).
 
+With `trainer.async_rollout` the rollout of step s+1 plays on `mesh.rollout_devices` while step
+s trains on the other devices (train/pipeline.py: staleness, weight copies, exact resumes).
+
 Multi-process runs (ragen_jax.distributed) execute this same loop on every process: each plays
 its share of every rollout, after which every process holds the same episodes, metrics and
 training batch, so every decision (stopping rules, stop signals, saves) is taken identically
@@ -58,6 +61,7 @@ from ragen_jax.config import drift
 from ragen_jax.config import schema
 from ragen_jax.train import batching
 from ragen_jax.train import memory
+from ragen_jax.train import pipeline
 from ragen_jax.train import policy as policy_lib
 from ragen_jax.train import run_state
 from ragen_jax.train import stop_signals
@@ -113,7 +117,7 @@ def train(
     ckpt = None
     try:
       exp = _as_config_error(schema.from_config, config)
-      sharder = _as_config_error(_mesh, exp)
+      sharders = _as_config_error(_mesh, exp)
       ckpt = checkpoints.Checkpointer(
           os.path.join(workdir, "checkpoints"), keep=exp.trainer.keep_checkpoints
       )
@@ -124,7 +128,7 @@ def train(
       writer = logging_utils.SummaryWriter(workdir, enabled=jax.process_index() == 0)
       run = None
       try:
-        run = _Run(exp, config, workdir, writer, ckpt, sharder)
+        run = _Run(exp, config, workdir, writer, ckpt, *sharders)
         return run.loop(stop, stop_after)
       finally:
         if run is not None:
@@ -144,9 +148,27 @@ def train(
         ckpt.close()
 
 
-def _mesh(exp) -> sharding.Sharder:
-  """The device mesh, with every size it must divide checked before anything compiles."""
-  sharder = sharding.Sharder(exp.mesh, devices=distributed.mesh_devices())
+def _mesh(exp) -> tuple[sharding.Sharder, Optional[sharding.Sharder]]:
+  """The training mesh and (trainer.async_rollout) the rollout devices' mesh, with every size
+  they must divide checked before anything compiles."""
+  devices, rollout = distributed.mesh_devices(), None
+  if exp.trainer.async_rollout:
+    if distributed.multiprocess():
+      raise ValueError(
+          f"trainer.async_rollout=True runs on one process only: splitting the devices of "
+          f"{jax.process_count()} processes into rollout and training meshes "
+          "(mesh.rollout_devices) is not supported yet; set trainer.async_rollout=False"
+      )
+    rollout_devices, devices = sharding.split_devices(exp.mesh, jax.devices())
+    rollout = sharding.Sharder(exp.mesh.rollout_spec(), devices=rollout_devices)
+    rollout.check_model(policy_lib.model_config(exp))
+    for e in exp.envs:
+      rollout.check_batch(
+          f"the rollout batch of envs.{e.tag} on mesh.rollout_devices = "
+          f"{len(rollout_devices)} (train_groups x rollout.group_size)",
+          e.train_groups * exp.rollout.group_size,
+      )
+  sharder = sharding.Sharder(exp.mesh, devices=devices)
   logging.info(
       "mesh %s over %d devices (%d processes)",
       dict(sharder.mesh.shape),
@@ -154,7 +176,7 @@ def _mesh(exp) -> sharding.Sharder:
       jax.process_count(),
   )
   sharder.check_batch("the training batch (episodes per step)", exp.train_episodes)
-  return sharder
+  return sharder, rollout
 
 
 def _as_config_error(fn, *args):
@@ -174,7 +196,7 @@ def _write_config_record(workdir: str, config) -> None:
 class _Run:
   """One call of `train`: builds everything, then loops."""
 
-  def __init__(self, exp, config, workdir, writer, ckpt, sharder):
+  def __init__(self, exp, config, workdir, writer, ckpt, sharder, rollout_sharder=None):
     self.exp, self.workdir, self.writer, self.ckpt = exp, workdir, writer, ckpt
     self.config = config
     self.sharder = sharder
@@ -187,7 +209,10 @@ class _Run:
     )
     self.engines = {
         e.tag: rollout_lib.Rollout(
-            e.make(), self.tok, e.rollout_config(exp.rollout, validation=False), self.sharder
+            e.make(),
+            self.tok,
+            e.rollout_config(exp.rollout, validation=False),
+            rollout_sharder or self.sharder,
         )
         for e in exp.envs
     }
@@ -204,6 +229,12 @@ class _Run:
         temperature=exp.rollout.temperature,
     )
     self.host = run_state.HostState.new(exp)
+    # Asynchronous rollouts: the weights on the rollout devices, and the next step's rollout
+    # once played (while this step trained).
+    self.weights = None
+    if rollout_sharder is not None:
+      self.weights = pipeline.RolloutWeights(self.model, rollout_sharder)
+    self.ahead: Optional[pipeline.Played] = None
 
   def close(self):
     """Ends the text environments' pools (threads, worker processes)."""
@@ -221,9 +252,12 @@ class _Run:
         self.sharder,
         log=lambda i, m: (self.writer.scalars(i, m), logging.info("sft step %d: %s", i, _fmt(m))),
     )
-    return distributed.put(
+    state = distributed.put(
         run_state.new_state(self.model, self.exp.ppo, keys.base(self.exp.seed)), self.state_sharding
     )
+    if self.weights is not None:
+      self.weights.load(state.train.actor_params, version=0)
+    return state
 
   def _restore(self) -> tuple[run_state.RunState, int]:
     like = jax.tree.map(
@@ -231,15 +265,33 @@ class _Run:
         self.state_shape,
         self.state_sharding,
     )
+    if self.weights is not None:
+      behaviour = run_state.abstract(self.model, self.exp).behaviour
+      like = run_state.PipelinedState(
+          like,
+          jax.tree.map(
+              lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+              behaviour,
+              self.weights.shardings(behaviour),
+          ),
+      )
     # Arrays restored straight into their shardings; a checkpoint of another model or optimizer
     # (a change allowed explicitly) does not fit this config.
     state, meta = _as_config_error(self.ckpt.restore, like)
-    state = distributed.put(state, self.state_sharding)
     self.host = run_state.HostState.from_meta(self.exp, meta)
+    if self.weights is not None:
+      self.weights.load(
+          state.run.train.actor_params, self.host.behaviour_step, trainable=state.behaviour
+      )
+      state = state.run
+    state = distributed.put(state, self.state_sharding)
     logging.info("resumed from %s at step %d", self.ckpt.directory, int(meta["step"]))
     return state, int(meta["step"])
 
   def _save(self, state: run_state.RunState, step: int):
+    if self.weights is not None:  # with the weights that play the next rollout
+      self.host.behaviour_step = self.weights.version
+      state = run_state.PipelinedState(state, self.weights.trainable)
     self.ckpt.save(step, state, self.host.meta(self.exp, step, _config_json(self.config)))
 
   # ------------------------------------------------------------------ pieces of a step
@@ -247,7 +299,7 @@ class _Run:
   def _policy(self, state: run_state.RunState):
     return algos.actor_module(self.model, state.train)
 
-  def _collect(self, policy, step_key, step: int) -> Dict[str, rollout_lib.RolloutResult]:
+  def _play(self, policy, step_key, step: int) -> Dict[str, rollout_lib.RolloutResult]:
     seeds = keys.level_seeds_of_step(self.exp, step)
     results = {
         tag: engine.run(policy, keys.rollout(step_key, i), seeds[tag])
@@ -255,10 +307,49 @@ class _Run:
     }
     for tag, result in results.items():
       batching.add_env_metrics(self.engines[tag].env, result)
+    return results
+
+  def _check_results(self, results, step: int) -> None:
     self._check_env_errors(
         {tag: (r.summary["env_error"], r.episodes) for tag, r in results.items()}, step
     )
-    return results
+
+  def _rollout(self, state: run_state.RunState, step: int):
+    """(results, diagnostics, rollout seconds, async metrics) of the batch step `step` trains
+    on: played now, or (async_rollout) while the previous step trained."""
+    if self.weights is None:
+      tic = time.perf_counter()
+      policy = self._policy(state)
+      results = self._play(policy, keys.step(state.key, step), step)
+      t_gen = time.perf_counter() - tic
+      self._check_results(results, step)
+      return results, self._diagnose(policy, results, step), t_gen, {}
+    stale = self.exp.trainer.max_staleness
+    ahead, self.ahead, t_sync = self.ahead, None, 0.0
+    if ahead is None:  # nothing in flight: the run's first step here, or max_staleness 0
+      if not stale:
+        t_sync = self.weights.load(state.train.actor_params, version=step - 1)
+      ahead = pipeline.play(self.weights, step, self._player(state))
+    if ahead.step != step or ahead.staleness() > stale:
+      raise RuntimeError(f"step {step}: the rollout of step {ahead.step} is out of order")
+    self._check_results(ahead.results, step)
+    # Under the policy that sampled it: before the newer weights replace it.
+    diag = self._diagnose(self.weights.policy(), ahead.results, step)
+    if stale:  # the rollout of step + 1 plays with these while this step trains
+      t_sync = self.weights.load(state.train.actor_params, version=step - 1)
+    return (
+        ahead.results,
+        diag,
+        ahead.seconds,
+        {"async/staleness": float(ahead.staleness()), "timing_s/weight_sync": t_sync},
+    )
+
+  def _player(self, state: run_state.RunState):
+    """The rollout of a step on the rollout devices (its key placed there too)."""
+    on_rollout = self.weights.sharder.replicated
+    return lambda policy, step: self._play(
+        policy, jax.device_put(keys.step(state.key, step), on_rollout), step
+    )
 
   def _check_env_errors(self, shares, step: int) -> None:
     """Stops the run when a tag's share of failed episodes exceeds its `max_env_errors`
@@ -382,10 +473,8 @@ class _Run:
     last, step = {}, start
     for step in range(start + 1, total + 1):
       tic = time.perf_counter()
-      step_key, policy = keys.step(state.key, step), self._policy(state)
-      results = self._collect(policy, step_key, step)
-      t_gen = time.perf_counter() - tic
-      diag = self._diagnose(policy, results, step)
+      results, diag, t_gen, async_metrics = self._rollout(state, step)
+      step_key = keys.step(state.key, step)
       # Built on the host once; every process holds it whole and places the rows its
       # devices hold.
       host_batch = batching.join_batches(
@@ -398,7 +487,9 @@ class _Run:
           batch,
           keys.update(step_key),
           response_width=algos.response_width(host_batch.loss_mask_BxT),
-      )
+      )  # dispatched: the next rollout plays while the training devices compute
+      if self.weights is not None and exp.trainer.max_staleness and step < total:
+        self.ahead = pipeline.play(self.weights, step + 1, self._player(state))
       metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
       t_update = time.perf_counter() - tic_update
       self._check(metrics, step)
@@ -409,6 +500,7 @@ class _Run:
           **diag,
           **batching.batch_metrics(host_batch),
           **{"timing_s/gen": t_gen, "timing_s/update": t_update},
+          **async_metrics,
       )
       events = self.host.monitor.after_step(step, metrics)
       if step % exp.trainer.eval_every == 0 or step == total:
