@@ -329,7 +329,7 @@ class _Run:
     if ahead is None:  # nothing in flight: the run's first step here, or max_staleness 0
       if not stale:
         t_sync = self.weights.load(state.train.actor_params, version=step - 1)
-      ahead = pipeline.play(self.weights, step, self._player(state))
+      ahead = pipeline.play(self.weights, step, self._player(state, step))
     if ahead.step != step or ahead.staleness() > stale:
       raise RuntimeError(f"step {step}: the rollout of step {ahead.step} is out of order")
     self._check_results(ahead.results, step)
@@ -344,12 +344,12 @@ class _Run:
         {"async/staleness": float(ahead.staleness()), "timing_s/weight_sync": t_sync},
     )
 
-  def _player(self, state: run_state.RunState):
-    """The rollout of a step on the rollout devices (its key placed there too)."""
-    on_rollout = self.weights.sharder.replicated
-    return lambda policy, step: self._play(
-        policy, jax.device_put(keys.step(state.key, step), on_rollout), step
-    )
+  def _player(self, state: run_state.RunState, step: int):
+    """The rollout of `step` on the rollout devices. Its key is derived and placed there now:
+    derived later, on the training devices, it would queue behind the update dispatched
+    meanwhile, and the rollout would wait for the update instead of overlapping it."""
+    step_key = jax.device_put(keys.step(state.key, step), self.weights.sharder.replicated)
+    return lambda policy, step: self._play(policy, step_key, step)
 
   def _check_env_errors(self, shares, step: int) -> None:
     """Stops the run when a tag's share of failed episodes exceeds its `max_env_errors`
@@ -481,6 +481,9 @@ class _Run:
           [r.batch for r in results.values()], exp.trainer.pad_multiple, self.tok.pad_id
       )
       batch = distributed.put(host_batch, self.sharder.batch_tree(host_batch))
+      ahead = self.weights is not None and exp.trainer.max_staleness and step < total
+      if ahead:  # the next rollout's key, made before the update fills the training devices
+        player = self._player(state, step + 1)
       tic_update = time.perf_counter()
       train_state, metrics = self.train_step(
           state.train,
@@ -488,8 +491,8 @@ class _Run:
           keys.update(step_key),
           response_width=algos.response_width(host_batch.loss_mask_BxT),
       )  # dispatched: the next rollout plays while the training devices compute
-      if self.weights is not None and exp.trainer.max_staleness and step < total:
-        self.ahead = pipeline.play(self.weights, step + 1, self._player(state))
+      if ahead:
+        self.ahead = pipeline.play(self.weights, step + 1, player)
       metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
       t_update = time.perf_counter() - tic_update
       self._check(metrics, step)
