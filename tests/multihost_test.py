@@ -124,11 +124,16 @@ def _stub(tmp_path, body: str) -> str:
 
 
 def _skip_requeue_delay(slurm, job: int, restarts: int) -> None:
-  """SLURM holds a requeued batch job ~2 minutes before it may start again; start it now."""
+  """SLURM holds a requeued batch job ~2 minutes before it may start again; start it sooner.
+  Not at once: slurmd revokes the ended run's credential, and refuses a launch whose credential
+  was issued in the same second or earlier ("Killing non-startable batch JobId=..: Job credential
+  revoked", the job FAILED 1:0 with no output), which a start within the second of the requeue
+  met under load."""
   deadline = time.monotonic() + 60
   while time.monotonic() < deadline:
     record = slurm.job(job)
     if record.get("Restarts") == str(restarts) and record.get("JobState") == "PENDING":
+      time.sleep(2)  # clock seconds past the revocation
       slurm.client(["scontrol", "update", f"JobId={job}", "StartTime=now"])
       return
     time.sleep(0.2)
