@@ -224,46 +224,13 @@ def _steps(workdir):
   return steps
 
 
-def test_ctrl_c_saves_and_exits_cleanly_then_resumes(reference_run, tmp_path):
-  """launch.py: Ctrl-C after step 1 finishes the step, saves and exits 0; the same command
-  resumes and logs what the uninterrupted run logged. One device: its programs are in the
-  session's compile cache (sharded checkpoints are saved and resumed in multihost_test)."""
-  workdir = str(tmp_path / "interrupted")
-  command = [
-      sys.executable,
-      "launch.py",
-      f"--config={SMOKE}",
-      f"--workdir={workdir}",
-      "--config.trainer.total_steps=3",
-      "--config.diagnostics.compute_freq=0",
-  ]
-  status, log, _ = _launch(command, signal_at=r"^step +1/3 ", signum=signal.SIGINT)
-  assert status == 0, log[-3000:]
-  assert "run the same command to resume" in log
-  saved = _steps(workdir)
-  assert saved and 1 <= saved[-1] < 3
-  resumed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
-  assert resumed.returncode == 0, resumed.stderr[-3000:]
-  assert "resumed from" in resumed.stderr and "done at step 3" in resumed.stderr
-  got = logging_utils.read_scalars(workdir)
-  steps = [s for s, _ in got["train/success"]]
-  assert steps == sorted(set(steps)) and steps[-1] == 3
-  # Step 3 ran after the resume: the same as the uninterrupted run's step 3 (the diagnostics,
-  # off here, change no rollout or update).
-  want = {
-      k: v
-      for k, v in comparable(logging_utils.read_scalars(reference_run[0]), {3}).items()
-      if not k[0].startswith("collapse/")
-  }
-  assert ("actor/pg_loss", 3) in want and ("train/success", 3) in want
-  assert {k: v for k, v in comparable(got, {3}).items() if k in want} == want
-
-
-def test_sigterm_stops_cleanly_at_start_up_and_in_a_step_then_resumes(reference_run, tmp_path):
-  """launch.py under SIGTERM (a scheduler's preemption): during start-up it exits 0 at once
-  having trained nothing; in the loop it finishes the step it is in, saves that step (not a
-  periodic save: save_every is 10) and exits 0; the same command then resumes, and every step
-  logs what the uninterrupted run logged."""
+def test_signals_stop_cleanly_at_start_up_and_in_a_step_then_resume(reference_run, tmp_path):
+  """launch.py stopped by SIGTERM (a scheduler's preemption) during start-up exits 0 at once
+  having trained nothing; stopped by Ctrl-C (SIGINT) in the loop it finishes the step it is in,
+  saves that step (not a periodic save: save_every is 10) and exits 0; the same command then
+  resumes, and every step logs what the uninterrupted run logged. The two signals take one path
+  (stop_signals.SIGNALS); SIGTERM in a step is multihost_test's SLURM preemption. One device:
+  its programs are in the session's compile cache."""
   workdir = str(tmp_path / "preempted")
   command = [
       sys.executable,
@@ -280,7 +247,7 @@ def test_sigterm_stops_cleanly_at_start_up_and_in_a_step_then_resumes(reference_
   assert "SIGTERM during start-up" in log and not re.search(r"step +1/3 ", log), log[-3000:]
   assert seconds < 120 and not os.path.exists(os.path.join(workdir, "config.json"))
   assert _steps(workdir) == []  # nothing saved: the next launch starts afresh
-  status, log, _ = _launch(command, signal_at=r"step +1/3 ")
+  status, log, _ = _launch(command, signal_at=r"^step +1/3 ", signum=signal.SIGINT)
   assert status == 0, log[-3000:]
   assert "run the same command to resume" in log and "Traceback" not in log
   trained = [s for s, _ in logging_utils.read_scalars(workdir)["train/success"]]
