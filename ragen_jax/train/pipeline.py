@@ -1,9 +1,10 @@
 """Rollouts one step ahead on their own devices (`trainer.async_rollout`).
 
-    weights = pipeline.RolloutWeights(model, rollout_sharder)
-    weights.load(state.train.actor_params, version=s - 1)   # copied to the rollout devices
+    ahead = pipeline.Pipeline(model, rollout_sharder, max_staleness=1)
+    played, _ = ahead.take(s, actor_params, new_collect)    # the batch of step s
+    ahead.advance(actor_params, s)                          # the weights after s-1 go over
     train_state, metrics = train_step(...)                  # dispatched, not awaited
-    ahead = pipeline.play(weights, s + 1, collect)          # the next rollout, meanwhile
+    ahead.launch(s + 1, collect)                            # the next rollout, meanwhile
     metrics = jax.device_get(metrics)                       # only now wait for the update
 
 `mesh.rollout_devices` = N splits the devices (sharding.split_devices): the first N play the
@@ -28,12 +29,13 @@ that rollout exactly as the uninterrupted run played it.
 
 import dataclasses
 import time
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Optional
 
 import jax
 
 from ragen_jax.algos.step_records import ModelGraph
 from ragen_jax.models import lora
+from ragen_jax.train import run_state
 
 
 @dataclasses.dataclass
@@ -90,3 +92,61 @@ def play(
   tic = time.perf_counter()
   results = collect(weights.policy(), step)
   return Played(step, results, weights.version, time.perf_counter() - tic)
+
+
+class Pipeline:
+  """The rollout devices' weights and the rollout in flight, as the trainer's loop uses them."""
+
+  def __init__(self, model, sharder, max_staleness: int):
+    self.weights = RolloutWeights(model, sharder)
+    self.max_staleness = max_staleness
+    self.in_flight: Optional[Played] = None
+
+  def player(self, step_key, play_fn: Callable[[Any, Any, int], Dict[str, Any]]):
+    """`collect(policy, step)`: `play_fn(policy, key, step)` with `step_key` placed on the
+    rollout devices now. Derived later, on the training devices, the key would queue behind the
+    update dispatched meanwhile, and the rollout would wait for the update instead of
+    overlapping it."""
+    key = jax.device_put(step_key, self.weights.sharder.replicated)
+    return lambda policy, step: play_fn(policy, key, step)
+
+  def take(self, step: int, actor_params, new_collect: Callable[[], Callable]) -> tuple:
+    """(the rollout that step `step` trains on, seconds spent copying weights): the one in
+    flight, or, with none (the run's first step here, or max_staleness 0), one played now by
+    `new_collect()` with the newest weights."""
+    played, self.in_flight, seconds = self.in_flight, None, 0.0
+    if played is None:
+      if not self.max_staleness:
+        seconds = self.weights.load(actor_params, version=step - 1)
+      played = play(self.weights, step, new_collect())
+    if played.step != step or played.staleness() > self.max_staleness:
+      raise RuntimeError(f"step {step}: the rollout of step {played.step} is out of order")
+    return played, seconds
+
+  def advance(self, actor_params, step: int) -> float:
+    """One step ahead, once the batch of `step` has been diagnosed under the policy that played
+    it: the weights after step - 1 go to the rollout devices for the rollout of step + 1.
+    Returns the copy's seconds."""
+    if not self.max_staleness:
+      return 0.0
+    return self.weights.load(actor_params, version=step - 1)
+
+  def launch(self, step: int, collect) -> None:
+    """Plays the rollout of `step` now, while the update dispatched before trains."""
+    self.in_flight = play(self.weights, step, collect)
+
+  def checkpoint(self, state: run_state.RunState) -> run_state.PipelinedState:
+    """What a checkpoint holds: `state` and the weights that play the next rollout."""
+    return run_state.PipelinedState(state, self.weights.trainable)
+
+  def restore_target(self, like, behaviour_shapes) -> run_state.PipelinedState:
+    """The arrays a checkpoint restores into: `like` (the RunState's, placed) and the behaviour
+    weights placed on the rollout devices."""
+    return run_state.PipelinedState(
+        like, run_state.placed(behaviour_shapes, self.weights.shardings(behaviour_shapes))
+    )
+
+  def restored(self, state: run_state.PipelinedState, behaviour_step: int) -> run_state.RunState:
+    """Places a restored checkpoint's behaviour weights; returns its RunState."""
+    self.weights.load(state.run.train.actor_params, behaviour_step, trainable=state.behaviour)
+    return state.run

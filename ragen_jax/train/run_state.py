@@ -40,6 +40,13 @@ class PipelinedState:
   behaviour: Any
 
 
+def placed(shapes, shardings) -> Any:
+  """`shapes` (ShapeDtypeStructs) carrying `shardings`: where a checkpoint restores them."""
+  return jax.tree.map(
+      lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
+  )
+
+
 def abstract(model, exp) -> Any:
   """Shapes and dtypes of what a checkpoint of the run `exp` holds (nothing is computed)."""
   run = jax.eval_shape(lambda: new_state(model, exp.ppo, jax.random.key(0)))

@@ -26,7 +26,7 @@ checkpoint; a config that differs from the checkpoint's in keys outside
 `drift.MAY_CHANGE` is refused (ConfigError) before anything runs, unless the caller
 allows the change. A non-finite loss stops the run (nothing is saved), and so does a rollout in
 which more episodes than `envs.<tag>.max_env_errors` ended in an environment fault (before
-training on them). Ctrl-C or SIGTERM finishes the current step, saves and returns
+training on them; train/guards.py). Ctrl-C or SIGTERM finishes the current step, saves and returns
 (`stop_signals`; during start-up it stops at once, nothing having been trained).
 
 With `trainer.async_rollout` the rollout of step s+1 plays on `mesh.rollout_devices` while step
@@ -46,7 +46,6 @@ from typing import Any, Dict, Optional
 from absl import logging
 import jax
 import ml_collections
-import numpy as np
 
 from ragen_jax import algos
 from ragen_jax import atomic_write
@@ -60,6 +59,7 @@ from ragen_jax import sharding
 from ragen_jax.config import drift
 from ragen_jax.config import schema
 from ragen_jax.train import batching
+from ragen_jax.train import guards
 from ragen_jax.train import memory
 from ragen_jax.train import pipeline
 from ragen_jax.train import policy as policy_lib
@@ -68,17 +68,9 @@ from ragen_jax.train import stop_signals
 from ragen_jax.train import validation
 from ragen_jax.warm_start import sft as sft_lib
 
-
-class NonFiniteLossError(RuntimeError):
-  """A train step produced a NaN or infinite loss; the run stops without saving."""
-
-
-class EnvironmentFailure(RuntimeError):
-  """More of a rollout's episodes than `envs.<tag>.max_env_errors` ended in an environment
-  fault; the run stops before training on them."""
-
-
-_LOSS_KEYS = ("actor/pg_loss", "critic/vf_loss", "actor/kl_loss", "actor/entropy")
+# What stops a run (train/guards.py), raised from here.
+NonFiniteLossError = guards.NonFiniteLossError
+EnvironmentFailure = guards.EnvironmentFailure
 
 
 class ConfigError(ValueError):
@@ -229,12 +221,10 @@ class _Run:
         temperature=exp.rollout.temperature,
     )
     self.host = run_state.HostState.new(exp)
-    # Asynchronous rollouts: the weights on the rollout devices, and the next step's rollout
-    # once played (while this step trained).
-    self.weights = None
+    # Asynchronous rollouts: the weights on the rollout devices and the rollout in flight.
+    self.pipeline = None
     if rollout_sharder is not None:
-      self.weights = pipeline.RolloutWeights(self.model, rollout_sharder)
-    self.ahead: Optional[pipeline.Played] = None
+      self.pipeline = pipeline.Pipeline(self.model, rollout_sharder, exp.trainer.max_staleness)
 
   def close(self):
     """Ends the text environments' pools (threads, worker processes)."""
@@ -255,43 +245,28 @@ class _Run:
     state = distributed.put(
         run_state.new_state(self.model, self.exp.ppo, keys.base(self.exp.seed)), self.state_sharding
     )
-    if self.weights is not None:
-      self.weights.load(state.train.actor_params, version=0)
+    if self.pipeline is not None:
+      self.pipeline.weights.load(state.train.actor_params, version=0)
     return state
 
   def _restore(self) -> tuple[run_state.RunState, int]:
-    like = jax.tree.map(
-        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-        self.state_shape,
-        self.state_sharding,
-    )
-    if self.weights is not None:
-      behaviour = run_state.abstract(self.model, self.exp).behaviour
-      like = run_state.PipelinedState(
-          like,
-          jax.tree.map(
-              lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-              behaviour,
-              self.weights.shardings(behaviour),
-          ),
-      )
+    like = run_state.placed(self.state_shape, self.state_sharding)
+    if self.pipeline is not None:
+      like = self.pipeline.restore_target(like, run_state.abstract(self.model, self.exp).behaviour)
     # Arrays restored straight into their shardings; a checkpoint of another model or optimizer
     # (a change allowed explicitly) does not fit this config.
     state, meta = _as_config_error(self.ckpt.restore, like)
     self.host = run_state.HostState.from_meta(self.exp, meta)
-    if self.weights is not None:
-      self.weights.load(
-          state.run.train.actor_params, self.host.behaviour_step, trainable=state.behaviour
-      )
-      state = state.run
+    if self.pipeline is not None:
+      state = self.pipeline.restored(state, self.host.behaviour_step)
     state = distributed.put(state, self.state_sharding)
     logging.info("resumed from %s at step %d", self.ckpt.directory, int(meta["step"]))
     return state, int(meta["step"])
 
   def _save(self, state: run_state.RunState, step: int):
-    if self.weights is not None:  # with the weights that play the next rollout
-      self.host.behaviour_step = self.weights.version
-      state = run_state.PipelinedState(state, self.weights.trainable)
+    if self.pipeline is not None:  # with the weights that play the next rollout
+      self.host.behaviour_step = self.pipeline.weights.version
+      state = self.pipeline.checkpoint(state)
     self.ckpt.save(step, state, self.host.meta(self.exp, step, _config_json(self.config)))
 
   # ------------------------------------------------------------------ pieces of a step
@@ -310,60 +285,35 @@ class _Run:
     return results
 
   def _check_results(self, results, step: int) -> None:
-    self._check_env_errors(
-        {tag: (r.summary["env_error"], r.episodes) for tag, r in results.items()}, step
-    )
+    shares = {tag: (r.summary["env_error"], r.episodes) for tag, r in results.items()}
+    guards.check_env_errors(self.exp.envs, shares, step, self.ckpt)
 
   def _rollout(self, state: run_state.RunState, step: int):
     """(results, diagnostics, rollout seconds, async metrics) of the batch step `step` trains
     on: played now, or (async_rollout) while the previous step trained."""
-    if self.weights is None:
+    if self.pipeline is None:
       tic = time.perf_counter()
       policy = self._policy(state)
       results = self._play(policy, keys.step(state.key, step), step)
       t_gen = time.perf_counter() - tic
       self._check_results(results, step)
       return results, self._diagnose(policy, results, step), t_gen, {}
-    stale = self.exp.trainer.max_staleness
-    ahead, self.ahead, t_sync = self.ahead, None, 0.0
-    if ahead is None:  # nothing in flight: the run's first step here, or max_staleness 0
-      if not stale:
-        t_sync = self.weights.load(state.train.actor_params, version=step - 1)
-      ahead = pipeline.play(self.weights, step, self._player(state, step))
-    if ahead.step != step or ahead.staleness() > stale:
-      raise RuntimeError(f"step {step}: the rollout of step {ahead.step} is out of order")
-    self._check_results(ahead.results, step)
+    params = state.train.actor_params
+    played, t_sync = self.pipeline.take(step, params, lambda: self._player(state, step))
+    self._check_results(played.results, step)
     # Under the policy that sampled it: before the newer weights replace it.
-    diag = self._diagnose(self.weights.policy(), ahead.results, step)
-    if stale:  # the rollout of step + 1 plays with these while this step trains
-      t_sync = self.weights.load(state.train.actor_params, version=step - 1)
+    diag = self._diagnose(self.pipeline.weights.policy(), played.results, step)
+    t_sync += self.pipeline.advance(params, step)
     return (
-        ahead.results,
+        played.results,
         diag,
-        ahead.seconds,
-        {"async/staleness": float(ahead.staleness()), "timing_s/weight_sync": t_sync},
+        played.seconds,
+        {"async/staleness": float(played.staleness()), "timing_s/weight_sync": t_sync},
     )
 
   def _player(self, state: run_state.RunState, step: int):
-    """The rollout of `step` on the rollout devices. Its key is derived and placed there now:
-    derived later, on the training devices, it would queue behind the update dispatched
-    meanwhile, and the rollout would wait for the update instead of overlapping it."""
-    step_key = jax.device_put(keys.step(state.key, step), self.weights.sharder.replicated)
-    return lambda policy, step: self._play(policy, step_key, step)
-
-  def _check_env_errors(self, shares, step: int) -> None:
-    """Stops the run when a tag's share of failed episodes exceeds its `max_env_errors`
-    (`shares`: {tag: (that share, the tag's rollout.Episode records)})."""
-    for spec in self.exp.envs:
-      share, episodes = shares[spec.tag]
-      if share > spec.max_env_errors:
-        first = next((ep.env_error for ep in episodes if ep.env_error), "")
-        raise EnvironmentFailure(
-            f"step {step}: {share:.0%} of the episodes of envs.{spec.tag} ({spec.label}) ended "
-            f"in an environment fault, more than envs.{spec.tag}.max_env_errors="
-            f"{spec.max_env_errors:g}; nothing was trained on them. First fault: {first}. "
-            f"The last checkpoint is step {self.ckpt.latest_step()} in {self.ckpt.directory}."
-        )
+    """The rollout of `step` on the rollout devices (`Pipeline.player`)."""
+    return self.pipeline.player(keys.step(state.key, step), self._play)
 
   def _diagnose(self, policy, results, step: int) -> Dict[str, float]:
     """Reasoning metrics every step; RAGEN-2's MI family when due (on the unfiltered batch,
@@ -387,39 +337,18 @@ class _Run:
       metrics["timing_s/collapse_metrics"] = time.perf_counter() - tic
     return metrics
 
-  def _check(self, metrics: Dict[str, float], step: int) -> None:
-    bad = [k for k in _LOSS_KEYS if k in metrics and not np.isfinite(metrics[k])]
-    if bad:
-      raise NonFiniteLossError(
-          f"step {step}: {', '.join(bad)} is not finite ({metrics[bad[0]]}); stopping "
-          f"without saving. The last good checkpoint is step {self.ckpt.latest_step()} in "
-          f"{self.ckpt.directory}; lower ppo.actor_lr or check the data."
-      )
-
-  def _early_events(self, events, metrics) -> Optional[Dict[str, Any]]:
-    """Logs fired rules into `metrics`; returns the first stopping one (as JSON) or None."""
-    stopped = None
-    for event in events:
-      metrics[event.metric] = 1.0
-      logging.warning("%s at step %d: %s", event.metric, event.step, event.message)
-      if event.stop and stopped is None:
-        stopped = {"rule": event.rule, "step": event.step, "message": event.message}
-    return stopped
-
   def _validate(self, state: run_state.RunState, step: int) -> Dict[str, float]:
     tic = time.perf_counter()
     metrics, episodes = validation.run(self.exp, self.val_engines, self._policy(state))
     metrics["timing_s/testing"] = time.perf_counter() - tic
-    self._check_env_errors(
-        {
-            spec.tag: (
-                metrics[f"val/{spec.tag}/env_error"],
-                [ep for ep in episodes if ep.env == spec.tag],
-            )
-            for spec in self.exp.envs
-        },
-        step,
-    )
+    shares = {
+        spec.tag: (
+            metrics[f"val/{spec.tag}/env_error"],
+            [ep for ep in episodes if ep.env == spec.tag],
+        )
+        for spec in self.exp.envs
+    }
+    guards.check_env_errors(self.exp.envs, shares, step, self.ckpt)
     validation.write_outputs(
         self.workdir,
         step,
@@ -439,7 +368,7 @@ class _Run:
     else:
       state, step = self._fresh_state(), 0
       val = self._validate(state, 0)
-      self.host.stopped = self._early_events(self.host.monitor.after_validation(0, val), val)
+      self.host.stopped = guards.fired(self.host.monitor.after_validation(0, val), val)
       self.writer.scalars(0, val)
       logging.info("step 0 (starting point): %s", _fmt(val))
       stop.start_up_done()  # a signal from here on lets the save finish
@@ -481,7 +410,7 @@ class _Run:
           [r.batch for r in results.values()], exp.trainer.pad_multiple, self.tok.pad_id
       )
       batch = distributed.put(host_batch, self.sharder.batch_tree(host_batch))
-      ahead = self.weights is not None and exp.trainer.max_staleness and step < total
+      ahead = self.pipeline is not None and exp.trainer.max_staleness and step < total
       if ahead:  # the next rollout's key, made before the update fills the training devices
         player = self._player(state, step + 1)
       tic_update = time.perf_counter()
@@ -492,10 +421,10 @@ class _Run:
           response_width=algos.response_width(host_batch.loss_mask_BxT),
       )  # dispatched: the next rollout plays while the training devices compute
       if ahead:
-        self.ahead = pipeline.play(self.weights, step + 1, player)
+        self.pipeline.launch(step + 1, player)
       metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
       t_update = time.perf_counter() - tic_update
-      self._check(metrics, step)
+      guards.check_losses(metrics, step, self.ckpt)
       state = state.replace(train=train_state)
       metrics.update(
           batching.rollout_metrics(results, "train"),
@@ -510,7 +439,7 @@ class _Run:
         val = self._validate(state, step)
         metrics.update(val)
         events += self.host.monitor.after_validation(step, val)
-      self.host.stopped = stopped = self._early_events(events, metrics)
+      self.host.stopped = stopped = guards.fired(events, metrics)
       metrics["timing_s/step"] = time.perf_counter() - tic
       metrics["perf/throughput"] = (
           float(host_batch.attention_mask_BxT.sum()) / metrics["timing_s/step"]
