@@ -21,8 +21,9 @@ MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "qwen3-4b"
 # ppo.micro_batches, a critic sharing the actor's trunk for 3B); the run prints its memory
 # estimate at start (ragen_jax/train/memory.py).
 HARDWARE = {
-    "h100": dict(devices=1, memory_gib=80),  # one H100 80 GB
-    "v5e8": dict(devices=8, memory_gib=16),  # TPU v5e-8: 8 chips x 16 GB, fsdp over all 8
+    "h100": dict(devices=1, memory_gib=80, platform="gpu"),  # one H100 80 GB
+    # TPU v5e-8: 8 chips x 16 GB, fsdp over all 8
+    "v5e8": dict(devices=8, memory_gib=16, platform="tpu"),
 }
 # Scales of the tiny model (no model=): smoke and debug, seconds on a CPU; gpu, one accelerator.
 SCALES = ("smoke", "debug", "gpu")

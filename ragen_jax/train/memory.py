@@ -18,7 +18,13 @@ Terms (bytes per device, the mesh dividing what it shards):
                with `remat` one [U, T, D] residual per layer plus one layer's internals
                (~(4D + 2F + 2·H·Dh) per token); without it every layer's internals
                (~(10D + 3F + 3·H·Dh) per token per layer, a coarse count of what the backward pass
-               keeps), plus the log-prob pass's [U, T, vocab_chunk] float32 logits chunk
+               keeps), plus the log-prob pass's [U, T, vocab_chunk] float32 logits chunk; and with
+               XLA's attention kernel (any float32 run, and every run on CPU) the [U, H, T, T]
+               scores each layer keeps for the backward, SCORE_BYTES an entry: one layer's with
+               `remat`, every layer's of every trained model without. The fused kernels (cuDNN,
+               splash) keep no scores. `remat` takes effect under the layer scan only, i.e. for
+               models deeper than qwen2.UNROLLED_LAYERS: unrolled, XLA schedules the recomputed
+               layers early and keeps their internals after all (measured on the tiny model).
 It is an estimate for choosing micro_batches, remat and the mesh, not an allocator's ledger:
 XLA's fusion and temporaries add ~10-30%. Not counted: the decode loop's own copy of the layer
 weights in the compute dtype (`Decoder.layer_weights`), live during a rollout only, when the
@@ -33,9 +39,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax import models
+from ragen_jax.models import attention
 from ragen_jax.models import lora
+from ragen_jax.models import qwen2
 
 GIB = 2.0**30
+# Bytes a [U, H, T, T] score entry of XLA's attention holds per layer kept: about 1.6 float32
+# copies (the scores and probabilities of each query block's key prefix, and temporaries).
+# Fitted to XLA's buffer assignment (`compile().memory_analysis()`) of the tiny model's train
+# step at 512-2048 tokens; tests/memory_test.py holds the estimate to it.
+SCORE_BYTES = 6.5
 
 
 def _sharded(shape_logical, sharder) -> float:
@@ -61,8 +74,11 @@ def lora_elements(c: models.ModelConfig, lora_config, sharder) -> float:
   return total
 
 
-def estimate(exp, config: models.ModelConfig, sharder) -> Dict[str, float]:
-  """Bytes per device of each term (see the module doc) and their total."""
+def estimate(
+    exp, config: models.ModelConfig, sharder, platform: str | None = None
+) -> Dict[str, float]:
+  """Bytes per device of each term (see the module doc) and their total, on `platform` (the
+  attention kernel `auto` picks there; default: JAX's backend)."""
   c, ppo, r = config, exp.ppo, exp.rollout
   pbytes = jnp.dtype(c.param_dtype).itemsize
   abytes = jnp.dtype(c.dtype).itemsize
@@ -100,7 +116,8 @@ def estimate(exp, config: models.ModelConfig, sharder) -> Dict[str, float]:
   micro = rows // (ppo.num_minibatches * ppo.micro_batches)
   tokens = _sharded(((micro, "batch"),), sharder) * r.max_context
   d, f, hdh = c.hidden_size, c.intermediate_size, c.num_heads * c.head_dim
-  if c.remat:
+  remat = c.remat and c.num_layers > qwen2.UNROLLED_LAYERS  # see the module doc
+  if remat:
     per_token = c.num_layers * d + (4 * d + 2 * f + 2 * hdh)
   else:
     per_token = c.num_layers * (10 * d + 3 * f + 3 * hdh)
@@ -108,6 +125,10 @@ def estimate(exp, config: models.ModelConfig, sharder) -> Dict[str, float]:
   out["activations"] = (
       tokens * per_token * abytes * models_trained + tokens * min(ppo.vocab_chunk, c.vocab_size) * 4
   )
+  if attention.resolve(c.attention, c.dtype, c.head_dim, platform) == "xla":
+    heads = _sharded(((c.num_heads, "heads"),), sharder)
+    layers_kept = 1 if remat else c.num_layers * models_trained
+    out["activations"] += tokens * r.max_context * heads * layers_kept * SCORE_BYTES
   out["total"] = sum(out.values())
   return out
 
