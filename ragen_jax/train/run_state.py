@@ -2,8 +2,8 @@
 
 `RunState` is the device pytree (the update's `algos.TrainState` and the run's base key), saved
 as arrays (with `trainer.async_rollout` inside a `PipelinedState`, beside the weights that play
-the next rollout); `HostState` is the host-side rest (stopping-rule streaks, the MI z-score EMA, an early
-stop), saved as JSON in the checkpoint's metadata with the config and the seed counters.
+the next rollout); `HostState` is the host-side rest (stopping-rule streaks, the MI z-score EMA,
+an early stop), saved as JSON in the checkpoint's metadata with the config and the seed counters.
 """
 
 import dataclasses
