@@ -49,6 +49,13 @@ _INIT_STD = 0.02  # transformers' initializer_range for Qwen2.
 UNROLLED_LAYERS = 8
 
 
+def scans_layers(c) -> bool:
+  """Whether a cache-free pass (training's) runs `c`'s layers under `lax.scan` rather than
+  unrolled. `remat` saves memory only then: unrolled, XLA schedules the recomputed layers early
+  and keeps their internals after all (train/memory.py)."""
+  return c.num_layers > UNROLLED_LAYERS
+
+
 def _param(value, axes, dtype):
   # eager_sharding=False: names are metadata only; no mesh is needed here.
   return nnx.Param(jnp.asarray(value).astype(dtype), out_sharding=axes, eager_sharding=False)
@@ -249,7 +256,7 @@ class Decoder(nnx.Module):
     if c.remat:
       layer = jax.checkpoint(layer, prevent_cse=False)
     stacked = self.layers.stacked()
-    if cache is None and c.num_layers <= UNROLLED_LAYERS:
+    if cache is None and not scans_layers(c):
       for i in range(c.num_layers):
         x_BxTxD, _ = layer(x_BxTxD, (jax.tree.map(lambda a, i=i: a[i], stacked), None, None))
       new_cache = None

@@ -22,9 +22,9 @@ Terms (bytes per device, the mesh dividing what it shards):
                XLA's attention kernel (any float32 run, and every run on CPU) the [U, H, T, T]
                scores each layer keeps for the backward, SCORE_BYTES an entry: one layer's with
                `remat`, every layer's of every trained model without. The fused kernels (cuDNN,
-               splash) keep no scores. `remat` takes effect under the layer scan only, i.e. for
-               models deeper than qwen2.UNROLLED_LAYERS: unrolled, XLA schedules the recomputed
-               layers early and keeps their internals after all (measured on the tiny model).
+               splash) keep no scores. `remat` takes effect under the layer scan only
+               (`qwen2.scans_layers`: unrolled, XLA keeps the recomputed layers' internals
+               after all, measured on the tiny model).
 It is an estimate for choosing micro_batches, remat and the mesh, not an allocator's ledger:
 XLA's fusion and temporaries add ~10-30%. Not counted: the decode loop's own copy of the layer
 weights in the compute dtype (`Decoder.layer_weights`), live during a rollout only, when the
@@ -116,7 +116,7 @@ def estimate(
   micro = rows // (ppo.num_minibatches * ppo.micro_batches)
   tokens = _sharded(((micro, "batch"),), sharder) * r.max_context
   d, f, hdh = c.hidden_size, c.intermediate_size, c.num_heads * c.head_dim
-  remat = c.remat and c.num_layers > qwen2.UNROLLED_LAYERS  # see the module doc
+  remat = c.remat and qwen2.scans_layers(c)  # see the module doc
   if remat:
     per_token = c.num_layers * d + (4 * d + 2 * f + 2 * hdh)
   else:
