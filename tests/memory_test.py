@@ -62,12 +62,17 @@ def test_terms_by_hand_for_the_smoke_config():
   assert est["kv_cache"] == 4 * 4 * 1024 * 2 * 32 * 2 * 4
   assert est["total"] == pytest.approx(sum(v for k, v in est.items() if k != "total"))
   # Activations: 2 rows (4 episodes, 2 minibatches) x 768 tokens; actor and critic each keep
-  # every layer's internals, 4 x (10D + 3F + 3·H·Dh) = 4 x 2,816 float32 per token, and their
-  # attention scores, 2 x 4 layers x 4 heads x 768 keys per token at 6.5 bytes; plus the
-  # [2, 768, 2048] float32 logits chunk.
+  # every layer's internals, 4 x (4D + 6F + 2·H·Dh + 2·K·Dh) = 4 x 3,200 float32 per token, and
+  # their attention scores, 2 x 4 layers x 4 heads x 448 keys per token (768 queries in blocks of
+  # 128, each block against its key prefix: (768 + 128) / 2 on average) at 9.5 bytes; plus two
+  # [2, 768, 2048] float32 logits chunks and two float32 copies of the [128, 2048] unembedding.
   tokens = 2 * 768
+  assert memory.causal_keys(768) == 448 and memory.causal_keys(100) == 100
   assert est["activations"] == (
-      tokens * 4 * 2816 * 4 * 2 + tokens * 2 * 4 * 4 * 768 * memory.SCORE_BYTES + tokens * 2048 * 4
+      tokens * 4 * 3200 * 4 * 2
+      + tokens * 2 * 4 * 4 * 448 * memory.SCORE_BYTES
+      + tokens * 2 * 2048 * 4
+      + 2 * 128 * 2048 * 4
   )
   # Remat keeps one residual per layer instead of every layer's internals, and one layer's
   # scores, where the layers are scanned (deeper than UNROLLED_LAYERS); the tiny model's 4
@@ -83,8 +88,14 @@ def test_terms_by_hand_for_the_smoke_config():
 def _xla_temp_bytes(exp, c):
   """XLA's own count, a second implementation: the temporary buffers its buffer assignment gives
   the compiled train step for the estimate's batch (one device)."""
-  model = models.create(c, jax.random.key(0))
-  state = jax.eval_shape(lambda: algos.init_train_state(model, None, exp.ppo, jax.random.key(1)))
+  separate = exp.ppo.uses_critic and exp.ppo.critic == "separate"
+
+  def modules():  # abstract under eval_shape: a 135M model's initialisation alone takes ~20 s
+    actor = models.Qwen2(c, rngs=nnx.Rngs(0))
+    return actor, models.Qwen2Critic(c, rngs=nnx.Rngs(1)) if separate else None
+
+  actor, critic = nnx.eval_shape(modules)
+  state = jax.eval_shape(lambda: algos.init_train_state(*modules(), exp.ppo, jax.random.key(1)))
   b, t = exp.train_episodes, exp.rollout.max_context
   ints, floats = jax.ShapeDtypeStruct((b, t), jnp.int32), jax.ShapeDtypeStruct((b, t), jnp.float32)
   batch = RolloutBatch(
@@ -96,27 +107,37 @@ def _xla_temp_bytes(exp, c):
       group_ids_B=jax.ShapeDtypeStruct((b,), jnp.int32),
       scores_B=jax.ShapeDtypeStruct((b,), jnp.float32),
   )
-  step = algos.make_train_step(model, None, exp.ppo).lower(state, batch, jax.random.key(2))
+  step = algos.make_train_step(actor, critic, exp.ppo).lower(state, batch, jax.random.key(2))
   return step.compile().memory_analysis().temp_size_in_bytes
 
 
 @pytest.mark.parametrize(
-    "tokens, estimator, layers, remat",
+    "preset, tokens, estimator, layers, remat, rank",
     [
-        (2048, "grpo", 4, False),  # the actor alone; every layer's scores, most of the total
-        (1024, "gae", qwen2.UNROLLED_LAYERS + 2, True),  # actor and critic, scanned, one layer
+        ("tiny", 2048, "grpo", 4, False, 0),  # the actor alone; every layer's scores, most of it
+        # Actor and critic, scanned, one layer's scores.
+        ("tiny", 1024, "gae", qwen2.UNROLLED_LAYERS + 2, True, 0),
+        # SmolLM2-135M whole (30 scanned layers, D 576, 9 query and 3 kv heads of 64, F 1536,
+        # V 49,152) with RAGEN's LoRA, its default: what every scanned layer keeps, the stacked
+        # attention kernels, the unembedding's chunked copies (a sixth of the total here).
+        ("smollm2-135m", 256, "grpo", 30, False, 64),
     ],
 )
-def test_activations_match_what_xla_allocates(tokens, estimator, layers, remat):
+def test_activations_match_what_xla_allocates(preset, tokens, estimator, layers, remat, rank):
   """The activation term against the compiled train step's temporary buffers on CPU (XLA's
-  attention kernel): within 25%. Without the attention scores the estimate was 0.21x."""
+  attention kernel): within 25%. Without the attention scores the tiny model's estimate was
+  0.21x; with them as a full [T, T] square, SmolLM2's was 0.69x at 256 tokens and its 30 layers'
+  internals came out short (the scores' excess made up for them at 1,024)."""
   config = cli.load_config_file("configs/sokoban_ppo.py:smoke")
   with config.unlocked():
     config.rollout.max_context = tokens
     config.ppo.num_minibatches, config.ppo.micro_batches = 1, 1
     config.ppo.adv_estimator = estimator
+    config.model.lora.rank, config.model.lora.alpha = rank, 64.0
   exp = schema.from_config(config)
-  c = models.get_config("tiny").replace(num_layers=layers, remat=remat)
+  c = models.get_config(preset).replace(
+      num_layers=layers, remat=remat, lora=exp.model.lora.config()
+  )
   est = memory.estimate(exp, c, _layout(), platform="cpu")["activations"]
   assert est == pytest.approx(_xla_temp_bytes(exp, c), rel=0.25)
 
@@ -183,18 +204,23 @@ N_7B = 28 * (2 * 3584 * 3584 + 2 * 3584 * 512 + 3 * 3584 * 18944 + 3584 + 1024 +
     [
         # KV cache: L x 128 episodes x (3840 + 256) slots x K x Dh, k and v, bfloat16.
         # Activations (remat): 8 sequences x 3600 tokens x (L·D + 4D + 2F + 2·H·Dh) x 2 bytes,
-        # plus the [8, 3600, 8192] float32 logits chunk.
+        # plus two [8, 3600, 8192] float32 logits chunks and two bfloat16 copies of the [D, V]
+        # unembedding.
         (
             "qwen2.5-3b-h100-bf16",
             N_3B,
             36 * 128 * 4096 * 2 * 128 * 2 * 2,
-            8 * 3600 * (36 * 2048 + 4 * 2048 + 2 * 11008 + 2 * 2048) * 2 + 8 * 3600 * 8192 * 4,
+            8 * 3600 * (36 * 2048 + 4 * 2048 + 2 * 11008 + 2 * 2048) * 2
+            + 8 * 3600 * 2 * 8192 * 4
+            + 2 * 2048 * 151936 * 2,
         ),
         (
             "qwen2.5-7b-h100-bf16",
             N_7B,
             28 * 128 * 4096 * 4 * 128 * 2 * 2,
-            8 * 3600 * (28 * 3584 + 4 * 3584 + 2 * 18944 + 2 * 3584) * 2 + 8 * 3600 * 8192 * 4,
+            8 * 3600 * (28 * 3584 + 4 * 3584 + 2 * 18944 + 2 * 3584) * 2
+            + 8 * 3600 * 2 * 8192 * 4
+            + 2 * 3584 * 152064 * 2,
         ),
     ],
 )
@@ -203,7 +229,7 @@ def test_bf16_variants_at_ragens_batch_on_one_h100(variant, n, kv_cache, activat
   preset = variant.split("-h100")[0]
   model_config = models.get_config(preset)
   assert models.num_params(model_config) == n
-  with open(tmp_path / "config.json", "w") as fp:
+  with open(tmp_path / "config.json", "w", encoding="utf-8") as fp:
     json.dump(models.hf_config.to_hf_dict(model_config), fp)
   config = cli.load_config_file(f"configs/sokoban_ppo.py:{variant}")
   with config.unlocked():
@@ -221,10 +247,10 @@ def test_bf16_variants_at_ragens_batch_on_one_h100(variant, n, kv_cache, activat
   assert est["critic"] == 0 and est["reference"] == 0  # shared value head, no KL loss
   assert est["kv_cache"] == kv_cache and est["activations"] == activations
   total_gib = est["total"] / memory.GIB
-  if preset == "qwen2.5-3b":  # fits one 80 GB card, within 82% (the LoRA variants' margin)
-    assert total_gib == pytest.approx(64.91, abs=0.01) and total_gib < 0.82 * 80
+  if preset == "qwen2.5-3b":  # fits one 80 GB card, at 84% below `describe`'s 90% warning
+    assert total_gib == pytest.approx(66.95, abs=0.01) and total_gib < 0.9 * 80
   else:  # full fine-tuning of 7B does not fit one card
-    assert total_gib == pytest.approx(136.74, abs=0.01)
+    assert total_gib == pytest.approx(139.65, abs=0.01)
 
 
 @pytest.mark.parametrize(
@@ -235,7 +261,9 @@ def test_accelerator_variants_fit_their_card(variant, config_file, tmp_path):
   preset, hardware = variant.rsplit("-", 1)
   card = variants.HARDWARE[hardware]
   model_config = models.get_config(preset)
-  with open(tmp_path / "config.json", "w") as fp:  # a checkpoint directory's config only
+  with open(
+      tmp_path / "config.json", "w", encoding="utf-8"
+  ) as fp:  # a checkpoint directory's config only
     json.dump(models.hf_config.to_hf_dict(model_config), fp)
   config = cli.load_config_file(f"configs/{config_file}.py:{variant}")
   with config.unlocked():
@@ -288,20 +316,20 @@ def test_lora_trains_only_the_adapters_by_hand():
 @pytest.mark.parametrize(
     "variant, episodes, total_gib",
     [
-        ("qwen2.5-3b-h100-lora", 128, 32.2),
-        ("qwen2.5-7b-h100-lora", 128, 54.0),
-        ("qwen3-4b-h100-lora", 64, 53.3),  # 8 kv heads: the KV cache halves the groups
-        ("qwen3-8b-h100-lora", 64, 65.3),
+        ("qwen2.5-3b-h100-lora", 128, 34.2),
+        ("qwen2.5-7b-h100-lora", 128, 56.9),
+        ("qwen3-4b-h100-lora", 64, 55.6),  # 8 kv heads: the KV cache halves the groups
+        ("qwen3-8b-h100-lora", 64, 68.5),
     ],
 )
 def test_lora_variants_fit_one_h100(variant, episodes, total_gib, tmp_path):
   """RAGEN's LoRA (rank 64, all linear layers) on frozen bfloat16 weights: the optimizer holds
-  the adapters' moments only, and every model up to 8B fits 80 GB, within 82% (8B: 65.3 GiB
-  with the 36 GiB cache of 64 episodes at 4,096 slots; the sum counts the rollout's cache and
-  the update's activations, which are never live together)."""
+  the adapters' moments only, and every model up to 8B fits 80 GB below `describe`'s 90% warning
+  (8B: 68.5 GiB, 86%, with the 36 GiB cache of 64 episodes at 4,096 slots; the sum counts the
+  rollout's cache and the update's activations, which are never live together)."""
   preset = variant.split("-h100")[0]
   model_config = models.get_config(preset)
-  with open(tmp_path / "config.json", "w") as fp:
+  with open(tmp_path / "config.json", "w", encoding="utf-8") as fp:
     json.dump(models.hf_config.to_hf_dict(model_config), fp)
   config = cli.load_config_file(f"configs/sokoban_ppo.py:{variant}")
   with config.unlocked():
@@ -325,4 +353,4 @@ def test_lora_variants_fit_one_h100(variant, episodes, total_gib, tmp_path):
   assert est["params"] == 2 * n + 4 * n_lora and est["optimizer"] == 12 * n_lora
   assert est["reference"] == 0 and est["critic"] == 0
   assert est["total"] / memory.GIB == pytest.approx(total_gib, abs=0.05)
-  assert est["total"] / memory.GIB < 0.82 * 80
+  assert est["total"] / memory.GIB < 0.9 * 80

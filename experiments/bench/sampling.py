@@ -1,14 +1,18 @@
 """Sampling throughput against transformers `generate`, and a full multi-turn rollout.
 
-    python -m experiments.bench.sampling [--preset tiny] [--batches 32,64] [--prompt 128]
-        [--new 128] [--iters 3] [--rollout_new 64] [--rollout_context 1536]
+    python -m experiments.bench.sampling [--preset tiny | --checkpoint PATH] [--batches 32,64]
+        [--prompt 128] [--new 128] [--iters 3] [--rollout_new 64] [--rollout_context 1536]
         [--dtype float32|bfloat16] [--contexts 256,512,640,896]
 
 On a GPU the transformers side runs on CUDA too (same dtype); on a CPU both use the CPU.
 
-Part 1 (same run, same weights, same left-padded batch, same `--dtype`): our model is created,
-saved with `models.save_hf` and loaded into transformers' Qwen2ForCausalLM (default sdpa
-attention, PyTorch under inference_mode). Both sides decode greedily for exactly `--new` tokens (no
+The model is the `--preset`'s with random weights, or with `--checkpoint` (a GGUF file or a
+Hugging Face directory, `models.load`) a real one, its sizes and weights.
+
+Part 1 (same run, same weights, same left-padded batch, same `--dtype`): our model is saved with
+`models.save_hf` and loaded into transformers' class of its family (`AutoModelForCausalLM`:
+Qwen2, Qwen3 or Llama; default sdpa attention, PyTorch under inference_mode). transformers gets
+those safetensors, never a GGUF file: it would keep that quantized and dequantize on the fly. Both sides decode greedily for exactly `--new` tokens (no
 stop token). Prefill tokens/s = B x prompt / prefill time (ours: the jitted prefill plus one
 sampled token, i.e. `generate` with one new token, on both sides). Decode tokens/s =
 B x (new - new/4) / (time of generate(new) - time of generate(new/4)), so prefill and per-call
@@ -21,8 +25,9 @@ and each row's cache up to its mean context in the timed window (prompt + (new/4
 bound tok/s = B x bandwidth / (weight bytes + cache bytes). Padding slots and the cache's bucket
 are not counted: the bound is the card's, not our layout's.
 
-Part 2: a full rollout of 8 groups x 16 episodes x 5 turns of Sokoban with the same model
-(random weights, so every reply runs to the token cap or a stop), after one warm-up rollout
+Part 2: a full rollout of 8 groups x 16 episodes x 5 turns of Sokoban with the same model and
+the sentencepiece tokenizer (not a checkpoint's own: random weights, or real ones reading
+another tokenizer's ids, so every reply runs to the token cap or a stop), after one warm-up rollout
 that compiles everything. Reports decode (prefill + decode loop, device), environment (reset,
 jitted batched step, host rendering) and host (tokenisation, parsing, bookkeeping) seconds,
 and the prefill tokens of KV-cache appending vs re-encoding the history every turn.
@@ -248,6 +253,9 @@ def _print_contexts(model, batches, contexts, new):
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--preset", default="tiny")
+  parser.add_argument(
+      "--checkpoint", default="", help="a GGUF file or Hugging Face directory; replaces --preset"
+  )
   parser.add_argument("--batches", default="32,64")
   parser.add_argument("--prompt", type=int, default=128)
   parser.add_argument("--new", type=int, default=128)
@@ -267,9 +275,12 @@ def main():
     args.hbm_tbs = ceilings.copy_bandwidth(2.0) / 1e12
     print(f"measured memory bandwidth (read + write): {args.hbm_tbs:.2f} TB/s")
 
-  model = models.create(
-      args.preset, jax.random.key(0), dtype=jnp.dtype(args.dtype), param_dtype=jnp.dtype(args.dtype)
-  )
+  dtype = jnp.dtype(args.dtype)
+  if args.checkpoint:
+    model = models.load(args.checkpoint, dtype, dtype)
+  else:
+    model = models.create(args.preset, jax.random.key(0), dtype=dtype, param_dtype=dtype)
+  name = args.checkpoint or f"preset {args.preset}"
   if args.contexts:
     _print_contexts(model, [int(b) for b in args.batches.split(",")], args.contexts, args.new)
     return
@@ -277,14 +288,14 @@ def main():
   with tempfile.TemporaryDirectory() as tmp:
     models.save_hf(model, tmp)
     hf = (
-        transformers.Qwen2ForCausalLM.from_pretrained(tmp, dtype=getattr(torch, args.dtype))
+        transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=getattr(torch, args.dtype))
         .eval()
         .to(dev)
     )
   print(
       f"jax {jax.__version__} on {jax.devices()[0].device_kind}; torch {torch.__version__} "
-      f"on {dev} ({torch.get_num_threads()} threads); preset {args.preset} "
-      f"({models.num_params(model.config) / 1e6:.1f}M params), {args.dtype}"
+      f"on {dev} ({torch.get_num_threads()} threads); {name} ({type(hf).__name__}, "
+      f"{models.num_params(model.config) / 1e6:.1f}M params), {args.dtype}"
   )
   print(
       "| batch | prompt | new | prefill tok/s ours | prefill tok/s HF | decode tok/s ours "

@@ -127,7 +127,7 @@ class ModelSpec:
   """Which policy a run starts from."""
 
   preset: str = "tiny"  # ragen_jax.models.PRESETS name (used without checkpoint)
-  checkpoint: str | None = None  # local Hugging Face directory; replaces the preset
+  checkpoint: str | None = None  # local Hugging Face directory or GGUF file; replaces the preset
   warm_start: bool = True  # tiny preset: start from the shipped fine-tuned weights
   # (ragen_jax/assets/tiny_warm_start, configs/warm_start_sft.py)
   tokenizer: str = "sentencepiece"  # without a checkpoint (or one lacking tokenizer.json)
@@ -280,12 +280,8 @@ def _check_model(model: ModelSpec) -> None:
         f"model.preset {model.preset!r} needs real weights: pass "
         "--config.model.checkpoint=DIR (a local Hugging Face directory)"
     )
-  if model.checkpoint is not None and not os.path.isfile(
-      os.path.join(model.checkpoint, "config.json")
-  ):
-    _fail(
-        f"model.checkpoint {model.checkpoint!r} is not a Hugging Face directory " "(no config.json)"
-    )
+  if model.checkpoint is not None:
+    _check_checkpoint(model.checkpoint)
   if model.warm_start and model.checkpoint is None and model.preset.lower() != "tiny":
     _fail(
         f"model.warm_start exists for the tiny preset only (got {model.preset!r}); set "
@@ -295,6 +291,19 @@ def _check_model(model: ModelSpec) -> None:
     _fail(f"model.dtype {model.dtype!r} not in {_DTYPES}")
   if model.param_dtype not in PARAM_DTYPES:
     _fail(f"model.param_dtype {model.param_dtype!r} not in {PARAM_DTYPES}")
+
+
+def _check_checkpoint(path: str) -> None:
+  """A Hugging Face directory or a GGUF file; a fetchable model not yet fetched says how."""
+  if models.gguf_checkpoint.is_gguf(path):
+    if not os.path.isfile(path):
+      hint = models.fetch.hint(path)
+      _fail(f"model.checkpoint {path!r}: no such GGUF file{'; ' + hint if hint else ''}")
+  elif not os.path.isfile(os.path.join(path, "config.json")):
+    _fail(
+        f"model.checkpoint {path!r} is neither a Hugging Face directory (no config.json) nor a "
+        "GGUF file"
+    )
 
 
 def _check_async(exp: Experiment) -> None:

@@ -17,6 +17,10 @@ from ragen_jax import models
 from ragen_jax import rollout as rollout_lib
 
 MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "qwen3-4b", "qwen3-8b")
+# Real models whose weights `python -m ragen_jax.models.fetch NAME` puts in the cache (no
+# --config.model.checkpoint needed): variant -> (fetch name, preset of its shapes).
+FETCHED = {"smollm2": ("smollm2-135m-instruct", "smollm2-135m")}
+REPLY_TOKENS = 100  # a fetched model's reply cap
 # Accelerators (`hw=`): the mesh, and what makes the update fit the card's memory (model.remat,
 # ppo.micro_batches, a critic sharing the actor's trunk for 3B); the run prints its memory
 # estimate at start (ragen_jax/train/memory.py).
@@ -30,12 +34,17 @@ SCALES = ("smoke", "debug", "gpu")
 # What is stored and trained (`params=`): bf16, bfloat16 weights updated from float32 AdamW
 # moments (ragen_jax/algos/optim.py says what bfloat16 weights lose); lora, RAGEN's LoRA (rank
 # 64, alpha 64, all seven linear layers) on frozen bfloat16 weights, float32 adapters.
-PRECISIONS = ("bf16", "lora")
+ALL_MODELS = (*MODELS, *FETCHED)
+# full, every weight trained (no adapters): the default of the qwen models, the switch for the
+# fetched ones, which train with LoRA by default.
+PRECISIONS = ("bf16", "lora", "full")
 # Variant names in use, each also a shorthand: `qwen2.5-3b-h100` = `model=qwen2.5-3b,hw=h100`,
 # `qwen2.5-7b-h100-bf16` = `model=qwen2.5-7b,hw=h100,params=bf16`.
 VARIANTS = (
     *SCALES,
     *MODELS,
+    *FETCHED,
+    *(f"{m}-full" for m in FETCHED),
     *(f"{q}-{h}" for q in ("qwen2.5-0.5b", "qwen2.5-3b") for h in HARDWARE),
     *(f"{q}-h100-bf16" for q in ("qwen2.5-3b", "qwen2.5-7b")),
     *(f"{q}-h100-lora" for q in ("qwen2.5-3b", "qwen2.5-7b", "qwen3-4b", "qwen3-8b")),
@@ -49,9 +58,9 @@ def _shorthand(item: str) -> Optional[Dict[str, str]]:
   if last in PRECISIONS:
     item, out["params"] = rest, last
   rest, _, last = item.rpartition("-")
-  if rest in MODELS and last in HARDWARE:
+  if rest in ALL_MODELS and last in HARDWARE:
     item, out["hw"] = rest, last
-  if item not in MODELS:
+  if item not in ALL_MODELS:
     return None
   return {"model": item, **out}
 
@@ -61,7 +70,7 @@ def parse_variant(arg: Optional[str]) -> Dict[str, str]:
   `hw=H`, `params=P`, a scale (smoke | debug), or a name `<model>[-<hw>][-<precision>]`
   (`qwen2.5-3b`, `qwen2.5-3b-h100`, `qwen2.5-3b-h100-bf16`), in any order."""
   out = {}
-  valid = {"model": MODELS, "hw": tuple(HARDWARE), "params": PRECISIONS, "scale": SCALES}
+  valid = {"model": ALL_MODELS, "hw": tuple(HARDWARE), "params": PRECISIONS, "scale": SCALES}
   for item in filter(None, (arg or "").split(",")):
     key, eq, value = item.partition("=")
     if eq:
@@ -74,7 +83,7 @@ def parse_variant(arg: Optional[str]) -> Dict[str, str]:
       if key not in valid or value not in valid[key] or key in out:
         raise ValueError(
             f"unknown or repeated config variant {item!r} in {arg!r}; valid: "
-            f"{', '.join(SCALES)}, model=({'|'.join(MODELS)}), hw=({'|'.join(HARDWARE)}), "
+            f"{', '.join(SCALES)}, model=({'|'.join(ALL_MODELS)}), hw=({'|'.join(HARDWARE)}), "
             f"params=({'|'.join(PRECISIONS)}), or a name in use "
             f"({', '.join(VARIANTS[len(SCALES):])}), joined by commas"
         )
@@ -92,6 +101,8 @@ def apply_variant(config: ml_collections.ConfigDict, arg) -> ml_collections.Conf
 
   model=qwen2.5-*: a real checkpoint (`--config.model.checkpoint=DIR`, required) with its own
     tokenizer, no warm start, RAGEN's learning rates and lengths.
+  model=smollm2 (`FETCHED`): the fetched SmolLM2-135M-Instruct GGUF, sized for a 2-core CPU,
+    with LoRA; params=full trains every weight instead.
   params=bf16: bfloat16 weights (actor, critic, reference) with float32 AdamW moments.
   params=lora: RAGEN's LoRA (rank 64, alpha 64, all linear layers, the actor's learning rate x10)
     on frozen bfloat16 weights.
@@ -102,9 +113,11 @@ def apply_variant(config: ml_collections.ConfigDict, arg) -> ml_collections.Conf
   gpu: the tiny model on one accelerator: 512 episodes a step (`_gpu_variant`).
   """
   variant = parse_variant(arg)
-  if "model" in variant:
+  if variant.get("model") in FETCHED:
+    _fetched_variant(config, variant["model"], variant.get("params") == "full")
+  elif "model" in variant:
     _model_variant(config, variant["model"])
-  if "params" in variant:
+  if variant.get("params") in ("bf16", "lora"):
     config.model.param_dtype = "bfloat16"
     config.ppo.moment_dtype = "float32"
     if variant["params"] == "lora":  # RAGEN's LoRA recipe: rank 64, alpha 64, LR x10
@@ -131,6 +144,37 @@ def _model_variant(config, preset: str) -> None:
   config.rollout.max_context = 3600
   config.rollout.group_size = 16
   config.trainer.pad_multiple = 512
+
+
+def _fetched_variant(config, name: str, full: bool) -> None:
+  """A fetched real model (`FETCHED`) on a 2-core CPU: its weights from the cache, its own
+  tokenizer and chat template, RAGEN's prompts, format and format penalty; LoRA (RAGEN's rank 64,
+  alpha 64) unless `full`. Lengths fit its tokenizer: RAGEN's longest user turn (Sokoban's, with
+  the output rule) is ~150 tokens here and a reply is held to 100. Batches are the config's groups
+  of 4 episodes: a step of 16-32 episodes, a validation of at most 32 levels."""
+  fetch_name, preset = FETCHED[name]
+  config.model.preset = preset
+  config.model.checkpoint = models.fetch.path(fetch_name)
+  config.model.warm_start = False
+  config.model.dtype = "float32"  # XLA's CPU matmuls are fastest in float32
+  config.sft.steps = 0  # RAGEN's start: the instruct model itself
+  if not full:
+    config.model.lora.rank, config.model.lora.alpha = 64, 64.0
+  config.rollout.group_size = 4
+  # RAGEN's "Max response length: 100 words (tokens)"; the context grows by the longer replies
+  # (its tokenizer spells RAGEN's prompts in about as many tokens as the tiny model's).
+  r = config.rollout
+  longer = r.max_turns * max(REPLY_TOKENS - r.max_new_tokens, 0)
+  r.max_context = -(-(r.max_context + longer) // 256) * 256
+  r.max_new_tokens = REPLY_TOKENS
+  r.max_turn_tokens = 512
+  config.rollout.val_batch_groups = 32
+  for env_section in config.envs.values():
+    env_section.val_groups = min(env_section.val_groups, 32)
+  config.trainer.pad_multiple = 256
+  # RAGEN's collapse diagnostics score every sampled reply under every prompt: at this size on
+  # two cores they took longer than the step they measure (96 s of 800). On with compute_freq.
+  config.diagnostics.compute_freq = 0
 
 
 def _hardware_variant(config, preset: str, hardware: str) -> None:

@@ -1,7 +1,10 @@
-"""Qwen2 / Qwen3 / Llama 3.x policy and critic models, presets, and Hugging Face checkpoint I/O.
+"""Qwen2 / Qwen3 / Llama 3.x policy and critic models, presets, Hugging Face checkpoint I/O and
+GGUF loading.
 
     from ragen_jax import models
     model = models.load_hf("/path/to/Qwen2.5-0.5B-Instruct", dtype=jnp.bfloat16)  # or Qwen3, Llama
+    model = models.load_gguf("/path/to/SmolLM2-135M-Instruct.Q4_1.gguf")  # llama.cpp's files
+    model = models.load(path)  # either: a GGUF file or a Hugging Face directory
     logits_BxTxV = model(input_ids_BxT, attention_mask=mask_BxT)
     models.save_hf(model, out_dir)
     model = models.create("tiny", jax.random.key(0))
@@ -10,8 +13,12 @@ Dimension legend: B batch, T length, S cache capacity, L layers, D model dim,
 H query heads, K kv heads, Dh head dim, V vocab, F mlp dim.
 """
 
+from ragen_jax.models import fetch
+from ragen_jax.models import gguf_checkpoint
 from ragen_jax.models import hf_config
 from ragen_jax.models import lora
+from ragen_jax.models.checkpoint import load
+from ragen_jax.models.checkpoint import load_gguf
 from ragen_jax.models.checkpoint import load_hf
 from ragen_jax.models.checkpoint import save_hf
 from ragen_jax.models.config import get_config

@@ -35,6 +35,7 @@ IMPLEMENTATIONS = ("auto", "xla", "cudnn", "splash")
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 _HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _SPLASH_BLOCK = 128  # splash's sequence tile; T is padded up to a multiple of it
+QUERY_BLOCK = 128  # queries per block of the xla path (train/memory.py counts its scores)
 
 
 def resolve(name: str, dtype, head_dim: int, platform: str | None = None) -> str:
@@ -71,7 +72,12 @@ def _cudnn_head_ok(head_dim: int) -> bool:
 
 
 def causal_self_attention(
-    q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh, key_mask_BxT, implementation: str = "xla", block: int = 128
+    q_BxTxHxDh,
+    k_BxTxKxDh,
+    v_BxTxKxDh,
+    key_mask_BxT,
+    implementation: str = "xla",
+    block: int = QUERY_BLOCK,
 ):
   """Query t sees the real keys 0..t; out_BxTxHxDh in v's dtype.
 

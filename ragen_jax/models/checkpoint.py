@@ -1,4 +1,5 @@
-"""Reads and writes Hugging Face Qwen2, Qwen3 and Llama checkpoints (config.json + safetensors).
+"""Reads and writes Hugging Face Qwen2, Qwen3 and Llama checkpoints (config.json + safetensors),
+and reads GGUF files (`load_gguf`; models/gguf_checkpoint.py parses them).
 
 Loading streams: the model is first built abstractly (`nnx.eval_shape`, no
 memory), then each stacked parameter is filled one Hugging Face tensor at a
@@ -29,6 +30,7 @@ from safetensors import safe_open
 import safetensors.numpy
 
 from ragen_jax import atomic_write
+from ragen_jax.models import gguf_checkpoint
 from ragen_jax.models import hf_config
 from ragen_jax.models import lora
 from ragen_jax.models.config import layer_table
@@ -137,21 +139,28 @@ def read_json_file(path: str) -> dict:
 
 
 def read_config(path: str, **overrides) -> ModelConfig:
-  """The ModelConfig of a checkpoint directory's config.json (`hf_config.from_hf_dict`).
+  """The ModelConfig of a checkpoint: a directory's config.json, or a GGUF file's metadata
+  (`hf_config.from_hf_dict` either way).
 
   Raises:
-    FileNotFoundError: no config.json.
-    ValueError: config.json is not JSON, lacks a key or holds a model type or feature that is
-      not supported; the message names the file.
+    FileNotFoundError: no config.json, or no such GGUF file.
+    ValueError: config.json or the metadata is damaged, lacks a key or holds a model type or
+      feature that is not supported; the message names the file.
   """
+  if gguf_checkpoint.is_gguf(path):
+    reader = gguf_checkpoint.open_reader(path)
+    return _config_from_dict(gguf_checkpoint.hf_config_dict(path, reader), path, **overrides)
   config_path = os.path.join(path, "config.json")
   if not os.path.isfile(config_path):
     raise FileNotFoundError(f"no config.json in {path}")
-  values = read_json_file(config_path)
+  return _config_from_dict(read_json_file(config_path), config_path, **overrides)
+
+
+def _config_from_dict(values: dict, source: str, **overrides) -> ModelConfig:
   try:
     return hf_config.from_hf_dict(values, **overrides)
   except ValueError as e:
-    raise ValueError(f"{config_path}: {e}") from None
+    raise ValueError(f"{source}: {e}") from None
 
 
 class _TensorReader:
@@ -236,42 +245,86 @@ def load_hf(
   """
   param_dtype = dtype if param_dtype is None else param_dtype
   config = read_config(path, dtype=dtype, param_dtype=param_dtype, **overrides)
+  with contextlib.ExitStack() as stack:
+    return _build(config, _TensorReader(path, stack), critic, sharding, "config.json")
+
+
+def load_gguf(
+    path: str,
+    dtype=jnp.float32,
+    param_dtype=None,
+    *,
+    critic: bool = False,
+    sharding=None,
+    **overrides,
+) -> Qwen2 | Qwen2Critic:
+  """Loads a GGUF file's Llama, Qwen2 or Qwen3 decoder, every tensor dequantised to float32 by
+  the `gguf` package and then cast to `param_dtype` (models/gguf_checkpoint.py: the format, the
+  q/k row order undone). Arguments and result as `load_hf`'s.
+
+  Raises:
+    FileNotFoundError: no such file.
+    ValueError: not GGUF, damaged or cut short; an unsupported architecture, feature or tensor
+      type; a missing or unexpected tensor, or one whose shape disagrees with the metadata. The
+      message names the file.
+  """
+  param_dtype = dtype if param_dtype is None else param_dtype
+  reader = gguf_checkpoint.open_reader(path)
+  config = _config_from_dict(
+      gguf_checkpoint.hf_config_dict(path, reader),
+      path,
+      dtype=dtype,
+      param_dtype=param_dtype,
+      **overrides,
+  )
+  tensors = gguf_checkpoint.GGUFTensors(path, reader, config.num_heads, config.num_kv_heads)
+  try:
+    return _build(config, tensors, critic, sharding, "the metadata")
+  except ValueError as e:
+    message = str(e)
+    raise ValueError(message if message.startswith(path) else f"{path}: {message}") from None
+
+
+def load(path: str, dtype=jnp.float32, param_dtype=None, **kwargs) -> Qwen2 | Qwen2Critic:
+  """`load_gguf` for a GGUF file, `load_hf` for a Hugging Face directory (same arguments)."""
+  loader = load_gguf if gguf_checkpoint.is_gguf(path) else load_hf
+  return loader(path, dtype, param_dtype, **kwargs)
+
+
+def _build(config: ModelConfig, reader, critic: bool, sharding, source: str):
+  """The model of `config` with its weights from `reader` (HF name -> array; `_TensorReader` or
+  `gguf_checkpoint.GGUFTensors`), one stacked parameter at a time."""
   cls = Qwen2Critic if critic else Qwen2
   model = nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0)))
   np_dtype = np.dtype(config.param_dtype)
   c = config
+  dec = model.decoder
+  v, d = c.vocab_size, c.hidden_size
+  fill = lambda var, build, dt=np_dtype: _fill(var, build, dt, sharding)
+  fill(dec.embedding, lambda b: b.__setitem__(..., reader.get("model.embed_tokens.weight", (v, d))))
+  fill(dec.final_norm, lambda b: b.__setitem__(..., reader.get("model.norm.weight", (d,))))
+  for ours, suffix, shape, to_ours, _ in _layer_specs(c):
 
-  with contextlib.ExitStack() as stack:
-    reader = _TensorReader(path, stack)
-    dec = model.decoder
-    v, d = c.vocab_size, c.hidden_size
-    fill = lambda var, build, dt=np_dtype: _fill(var, build, dt, sharding)
-    fill(
-        dec.embedding, lambda b: b.__setitem__(..., reader.get("model.embed_tokens.weight", (v, d)))
+    def build(buf, suffix=suffix, shape=shape, to_ours=to_ours):
+      for i in range(c.num_layers):
+        buf[i] = to_ours(reader.get(f"model.layers.{i}.{suffix}", shape))
+
+    fill(getattr(dec.layers, ours), build)
+  if critic:
+    fill(model.value_kernel, lambda b: b.fill(0), np.float32)
+    fill(model.value_bias, lambda b: b.fill(0), np.float32)
+    reader.unused.discard("lm_head.weight")
+  elif not c.tie_word_embeddings:
+    fill(model.lm_head, lambda b: b.__setitem__(..., reader.get("lm_head.weight", (v, d)).T))
+  else:
+    # Some tied checkpoints also store the (identical) head; it is unused.
+    reader.unused.discard("lm_head.weight")
+  unexpected = sorted(n for n in reader.unused if not n.endswith(_IGNORED_SUFFIXES))
+  if unexpected:
+    raise ValueError(
+        f"checkpoint has tensors that {source} does not account for: "
+        f"{unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"
     )
-    fill(dec.final_norm, lambda b: b.__setitem__(..., reader.get("model.norm.weight", (d,))))
-    for ours, suffix, shape, to_ours, _ in _layer_specs(c):
-
-      def build(buf, suffix=suffix, shape=shape, to_ours=to_ours):
-        for i in range(c.num_layers):
-          buf[i] = to_ours(reader.get(f"model.layers.{i}.{suffix}", shape))
-
-      fill(getattr(dec.layers, ours), build)
-    if critic:
-      fill(model.value_kernel, lambda b: b.fill(0), np.float32)
-      fill(model.value_bias, lambda b: b.fill(0), np.float32)
-      reader.unused.discard("lm_head.weight")
-    elif not c.tie_word_embeddings:
-      fill(model.lm_head, lambda b: b.__setitem__(..., reader.get("lm_head.weight", (v, d)).T))
-    else:
-      # Some tied checkpoints also store the (identical) head; it is unused.
-      reader.unused.discard("lm_head.weight")
-    unexpected = sorted(n for n in reader.unused if not n.endswith(_IGNORED_SUFFIXES))
-    if unexpected:
-      raise ValueError(
-          f"checkpoint has tensors that config.json does not account for: "
-          f"{unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"
-      )
   return model
 
 

@@ -326,6 +326,22 @@ PRESETS: dict[str, ModelConfig] = {
     # of 8192 pre-training positions to 131072.
     "llama-3.2-1b": _llama32(2048, 16, 32, head_dim=64),
     "llama-3.2-3b": _llama32(3072, 28, 24, head_dim=128),
+    # SmolLM2-135M (HuggingFaceTB; its weights: `python -m ragen_jax.models.fetch
+    # smollm2-135m-instruct`): Llama architecture, GQA 9:3, tied head, 49,152-token vocabulary.
+    "smollm2-135m": ModelConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_layers=30,
+        num_heads=9,
+        num_kv_heads=3,
+        head_dim=64,
+        rope_theta=100000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        max_position_embeddings=8192,
+        model_type="llama",
+    ),
     # ~1.1M parameters: trains in seconds per step on a 2-core CPU.
     "tiny": ModelConfig(
         vocab_size=SENTENCEPIECE_VOCAB_SIZE,

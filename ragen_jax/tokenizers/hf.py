@@ -13,8 +13,19 @@ from typing import Any, Sequence
 # Absolute import of the Hugging Face package, not this ragen_jax subpackage.
 import tokenizers as hf_tokenizers
 
+from ragen_jax import atomic_write
 from ragen_jax.models import checkpoint as hf_checkpoint
 from ragen_jax.tokenizers import base
+
+# tokenizer_config.json keys `save` keeps.
+_CONFIG_KEYS = (
+    "bos_token",
+    "eos_token",
+    "pad_token",
+    "unk_token",
+    "add_bos_token",
+    "model_max_length",
+)
 
 
 def _token_text(value: Any) -> str | None:
@@ -74,6 +85,21 @@ class HFTokenizer(base.Tokenizer):
       with open(jinja_path, encoding="utf-8") as fp:
         template = fp.read()
     return cls(tokenizer, config, template)
+
+  def save(self, out_dir: str) -> bool:
+    """Writes tokenizer.json and tokenizer_config.json (special tokens, chat template), which
+    `from_dir` and transformers' `AutoTokenizer.from_pretrained(out_dir)` read back."""
+    os.makedirs(out_dir, exist_ok=True)
+    self._tok.save(os.path.join(out_dir, "tokenizer.json"))
+    config = {k: v for k, v in self._config.items() if k in _CONFIG_KEYS}
+    # transformers' class for a plain tokenizer.json (it keeps the file's pipeline as it is).
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    if self._chat_template is not None:
+      config["chat_template"] = self._chat_template
+    atomic_write.write_text(
+        os.path.join(out_dir, "tokenizer_config.json"), json.dumps(config, indent=2)
+    )
+    return True
 
   def _id_of(self, configured: Any, fallback: str) -> int:
     text = _token_text(configured) or fallback

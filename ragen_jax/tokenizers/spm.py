@@ -9,6 +9,8 @@ fall back to UTF-8 byte pieces, so any text round-trips. The "tiny" and
 """
 
 import importlib.resources
+import os
+import shutil
 from typing import Sequence
 
 import sentencepiece
@@ -52,6 +54,13 @@ class SentencePieceTokenizer(base.Tokenizer):
     path = importlib.resources.files("ragen_jax") / "assets" / DEFAULT_MODEL
     with importlib.resources.as_file(path) as model_file:
       return cls(str(model_file), **kwargs)
+
+  def save(self, out_dir: str) -> bool:
+    """Copies the model file (which `ragen_jax.tokenizers` reads; transformers has no class for
+    it)."""
+    os.makedirs(out_dir, exist_ok=True)
+    shutil.copy(self.model_file, os.path.join(out_dir, os.path.basename(self.model_file)))
+    return True
 
   def encode(self, text: str) -> list[int]:
     return self._sp.encode(text, out_type=int)

@@ -14,23 +14,33 @@ Terms (bytes per device, the mesh dividing what it shards):
                one turn's prompt and reply, so S does not grow with the turns), B over
                data x fsdp and K over the tensor axis
   activations  the train step's live activations for one micro-batch of U rows of T tokens
-               (rows: episodes, or episodes x max_turns with a context window; T max_context):
+               (rows: episodes, or episodes x max_turns with a context window; T max_context, a
+               bound: a run pads its rows to the longest rounded up to trainer.pad_multiple):
                with `remat` one [U, T, D] residual per layer plus one layer's internals
-               (~(4D + 2F + 2·H·Dh) per token); without it every layer's internals
-               (~(10D + 3F + 3·H·Dh) per token per layer, a coarse count of what the backward pass
-               keeps), plus the log-prob pass's [U, T, vocab_chunk] float32 logits chunk; and with
-               XLA's attention kernel (any float32 run, and every run on CPU) the [U, H, T, T]
-               scores each layer keeps for the backward, SCORE_BYTES an entry: one layer's with
-               `remat`, every layer's of every trained model without. The fused kernels (cuDNN,
-               splash) keep no scores. `remat` takes effect under the layer scan only
-               (`qwen2.scans_layers`: unrolled, XLA keeps the recomputed layers' internals
-               after all, measured on the tiny model).
+               (~(4D + 2F + 2·H·Dh) per token); without it what the backward keeps of every
+               layer, 4D + 6F + 2·H·Dh + 2·K·Dh (+ r per LoRA target) per token per layer (XLA's
+               buffers for SmolLM2's layer: the residual stream and both norms' outputs, gate, up,
+               their activations and product, q and the attention output, k and v head-major),
+               and under the layer scan a stacked copy of the q, k, v and o kernels (reshaped to
+               2-D in each layer); plus two [U, T, vocab_chunk] float32 logits chunks (the
+               log-prob pass's and its gradient's) and two copies of the [D, V] unembedding in
+               vocabulary chunks (both layouts of the chunked matmul, tied or not); and with
+               XLA's attention kernel (any float32 run, and every run on CPU) the scores each
+               layer keeps for the backward, SCORE_BYTES per score computed: each block of 128
+               queries is scored against its key prefix (`causal_keys`, ~(T + 128) / 2 keys a
+               query, not T), H heads, one layer's with `remat`, every layer's of every trained
+               model without. The fused kernels (cuDNN, splash) keep no scores. `remat` takes
+               effect under the layer scan only (`qwen2.scans_layers`: unrolled, XLA keeps the
+               recomputed layers' internals after all, measured on the tiny model).
 It is an estimate for choosing micro_batches, remat and the mesh, not an allocator's ledger:
-XLA's fusion and temporaries add ~10-30%. Not counted: the decode loop's own copy of the layer
-weights in the compute dtype (`Decoder.layer_weights`), live during a rollout only, when the
-activations are not. The total sums terms never all live at once, so it covers that copy where
-the activations are the larger (the 3B and 4B variants: 5.2 and 6.8 GiB bf16 against 6.7 and
-7.9); the 7B and 8B variants' rollouts peak 2.8 and 1.5 GiB above their printed totals.
+tests/memory_test.py holds the activations within 25% of XLA's buffer assignment on CPU (the
+tiny model at 512-2048 tokens, SmolLM2-135M with LoRA at 256). Not counted: with full fine-tuning
+XLA also holds a micro-batch's gradient before adding it to the float32 sum, measured on CPU at
+~0.85 of a copy of the trained weights (SmolLM2: 0.43 GiB); the decode loop's own copy of the
+layer weights in the compute dtype (`Decoder.layer_weights`), live during a rollout only, when
+the activations are not. The total sums terms never all live at once, so it covers that copy
+where the activations are the larger: the 3B, 4B, 7B and 8B LoRA variants' copies (5.2, 6.8,
+12.2 and 12.9 GiB bf16) against their activations (8.7, 10.2, 12.4 and 14.6).
 """
 
 from typing import Dict
@@ -44,11 +54,18 @@ from ragen_jax.models import lora
 from ragen_jax.models import qwen2
 
 GIB = 2.0**30
-# Bytes a [U, H, T, T] score entry of XLA's attention holds per layer kept: about 1.6 float32
-# copies (the scores and probabilities of each query block's key prefix, and temporaries).
-# Fitted to XLA's buffer assignment (`compile().memory_analysis()`) of the tiny model's train
-# step at 512-2048 tokens; tests/memory_test.py holds the estimate to it.
-SCORE_BYTES = 6.5
+# Bytes per score XLA's attention computes (a query and a key of its block's prefix), per layer
+# kept: two float32 copies (the masked scores and the probabilities) plus the key and value
+# prefix slices and block masks. Fitted to XLA's buffer assignment
+# (`compile().memory_analysis()`) of the train step of SmolLM2's shapes and the tiny model's at
+# 256-2048 tokens; tests/memory_test.py holds the estimate to it.
+SCORE_BYTES = 9.5
+
+
+def causal_keys(t: int, block: int = attention.QUERY_BLOCK) -> float:
+  """Keys a query of a T-token row is scored against, on average, by XLA's blockwise attention:
+  each block of queries computes its whole key prefix, about (T + block) / 2."""
+  return sum(min(block, t - s) * min(s + block, t) for s in range(0, t, block)) / t
 
 
 def _sharded(shape_logical, sharder) -> float:
@@ -114,21 +131,34 @@ def estimate(
   )
   rows = exp.train_episodes * (r.max_turns if r.window is not None else 1)  # a row per turn
   micro = rows // (ppo.num_minibatches * ppo.micro_batches)
-  tokens = _sharded(((micro, "batch"),), sharder) * r.max_context
-  d, f, hdh = c.hidden_size, c.intermediate_size, c.num_heads * c.head_dim
-  remat = c.remat and qwen2.scans_layers(c)  # see the module doc
-  if remat:
-    per_token = c.num_layers * d + (4 * d + 2 * f + 2 * hdh)
-  else:
-    per_token = c.num_layers * (10 * d + 3 * f + 3 * hdh)
+  t = r.max_context
+  tokens = _sharded(((micro, "batch"),), sharder) * t
   models_trained = 2 if out["critic"] else 1
-  out["activations"] = (
-      tokens * per_token * abytes * models_trained + tokens * min(ppo.vocab_chunk, c.vocab_size) * 4
+  remat = c.remat and qwen2.scans_layers(c)  # see the module doc
+  rank = lora_config.rank * len(lora_config.targets) if lora_config is not None else 0
+  d, f, hdh, kdh = (
+      c.hidden_size,
+      c.intermediate_size,
+      c.num_heads * c.head_dim,
+      c.num_kv_heads * c.head_dim,
   )
+  if remat:  # a residual per layer, and the internals of the one layer being recomputed
+    per_token = c.num_layers * d + (4 * d + 2 * f + 2 * hdh)
+  else:  # what the backward keeps of every layer
+    per_token = c.num_layers * (4 * d + 6 * f + 2 * hdh + 2 * kdh + rank)
+  chunk = min(ppo.vocab_chunk, c.vocab_size)
+  unembed = _sharded(((d, "embed"), (c.vocab_size, "vocab")), sharder)
+  out["activations"] = (
+      tokens * per_token * abytes * models_trained + tokens * 2 * chunk * 4 + 2 * unembed * abytes
+  )
+  if qwen2.scans_layers(c) and not remat:  # the scan's stacked 2-D copies of q, k, v and o
+    kernels = models.kernel_table(c)
+    attn = sum(_sharded(tuple(zip(*kernels[lora.kernel_name(n)])), sharder) for n in "qkvo")
+    out["activations"] += attn * abytes * models_trained
   if attention.resolve(c.attention, c.dtype, c.head_dim, platform) == "xla":
     heads = _sharded(((c.num_heads, "heads"),), sharder)
     layers_kept = 1 if remat else c.num_layers * models_trained
-    out["activations"] += tokens * r.max_context * heads * layers_kept * SCORE_BYTES
+    out["activations"] += tokens * heads * causal_keys(t) * layers_kept * SCORE_BYTES
   out["total"] = sum(out.values())
   return out
 

@@ -1,10 +1,11 @@
 """The starting policy of a run (no downloads).
 
 In order: `model.checkpoint` (a local Hugging Face directory, with its own tokenizer.json when
-present); the tiny preset's shipped warm start (`model.warm_start`: the weights
-configs/warm_start_sft.py fine-tuned on expert demonstrations, in ragen_jax/assets); or the
-preset initialised from `seed.init`. With `model.lora.rank` > 0 the model then gets LoRA
-adapters (A from `seed.init`, B zero), so it starts as the same function.
+present, or a GGUF file with the tokenizer its metadata describes); the tiny preset's shipped
+warm start (`model.warm_start`: the weights configs/warm_start_sft.py fine-tuned on expert
+demonstrations, in ragen_jax/assets); or the preset initialised from `seed.init`. With
+`model.lora.rank` > 0 the model then gets LoRA adapters (A from `seed.init`, B zero), so it
+starts as the same function.
 """
 
 import os
@@ -15,6 +16,7 @@ import jax.numpy as jnp
 
 from ragen_jax import models
 from ragen_jax import tokenizers
+from ragen_jax.models import gguf_checkpoint
 
 WARM_START_DIR = os.path.join(
     os.path.dirname(os.path.dirname(__file__)), "assets", "tiny_warm_start"
@@ -32,12 +34,15 @@ def model_config(exp) -> models.ModelConfig:
 
 
 def load_tokenizer(spec):
-  """The tokenizer of `spec` (a `config.schema.ModelSpec`): its checkpoint's tokenizer.json when
-  present, else `spec.tokenizer`."""
+  """The tokenizer of `spec` (a `config.schema.ModelSpec`): its checkpoint's own (a directory's
+  tokenizer.json, a GGUF file's metadata) when present, else `spec.tokenizer`."""
   checkpoint = spec.checkpoint
   if checkpoint is None and spec.warm_start:
     checkpoint = WARM_START_DIR
-  if checkpoint is not None and os.path.exists(os.path.join(checkpoint, "tokenizer.json")):
+  if checkpoint is not None and (
+      gguf_checkpoint.is_gguf(checkpoint)
+      or os.path.exists(os.path.join(checkpoint, "tokenizer.json"))
+  ):
     return tokenizers.load(checkpoint)
   if checkpoint is not None:
     logging.info("no tokenizer.json in %s; using %s", checkpoint, spec.tokenizer)
@@ -73,7 +78,7 @@ def build(exp, sharder=None):
     )
     tok = tokenizers.load(spec.tokenizer)
   else:
-    model = models.load_hf(
+    model = models.load(
         checkpoint,
         dtype=dtype,
         param_dtype=param_dtype,

@@ -6,7 +6,8 @@
 The run's own config (stored in every checkpoint's metadata, overlaid on today's defaults so
 that keys added since still open) rebuilds the model structure; the actor parameters are then
 restored into it, shapes checked. `load_policy` opens whatever `--checkpoint` of evaluate and
-serve_model names: a run, a Hugging Face directory, or (none) the config's starting policy.
+serve_model names: a run, a Hugging Face directory, a GGUF file, or (none) the config's starting
+policy.
 """
 
 import json
@@ -21,6 +22,7 @@ from ragen_jax import checkpoints
 from ragen_jax.config import drift
 from ragen_jax.config import schema
 from ragen_jax.models import checkpoint as hf_checkpoint
+from ragen_jax.models import gguf_checkpoint
 from ragen_jax.train import policy as policy_lib
 from ragen_jax.train import run_state
 
@@ -88,17 +90,21 @@ def load_policy(config, checkpoint: Optional[str] = None):
 
 
 def checkpoint_kind(path: str) -> str:
-  """What `path` holds, "run" or "hugging_face"; FileNotFoundError naming what it lacks.
+  """What `path` holds, "run", "hugging_face" or "gguf"; FileNotFoundError naming what it lacks.
 
   A run's workdir holds a config.json too (its resolved config), so `checkpoints/` decides.
   """
+  if gguf_checkpoint.is_gguf(path):
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f"--checkpoint {path}: no such GGUF file")
+    return "gguf"
   try:
     locate(path)
     return "run"
   except FileNotFoundError:
     pass
   if not os.path.isdir(path):
-    raise FileNotFoundError(f"--checkpoint {path}: no such directory")
+    raise FileNotFoundError(f"--checkpoint {path}: no such directory or GGUF file")
   missing = hf_checkpoint.missing_files(path)
   if missing:
     raise FileNotFoundError(
