@@ -29,13 +29,13 @@ import tokenizers as hf_tokenizers
 import torch
 import transformers
 
-from ragen_jax import export
 from ragen_jax import logging_utils
 from ragen_jax import models
 from ragen_jax import sampling
 from ragen_jax import tokenizers
 from ragen_jax.config import cli
 from ragen_jax.config import schema
+from ragen_jax.train import restore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -375,7 +375,16 @@ def test_smollm_rule_splits_digits_first_where_transformers_does_not(tmp_path):
 
 def test_export_of_a_gguf_file_loads_in_transformers(tmp_path, llama_file):
   out = str(tmp_path / "hf")
-  assert export.export(str(llama_file), out) is None
+  # Through the command: ragen_jax.export's flags would clash with ragen_jax.evaluate's in one
+  # test process.
+  run = subprocess.run(
+      [sys.executable, "-m", "ragen_jax.export", f"--checkpoint={llama_file}", f"--out={out}"],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      check=False,
+  )
+  assert run.returncode == 0 and f"exported {llama_file} to {out}" in run.stdout, run.stderr[-2000:]
   theirs = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
   model = models.load_gguf(str(llama_file))
   ids_BxT, mask_BxT = _ids(model.config.vocab_size)
@@ -448,7 +457,7 @@ def test_unsupported_architecture_tensor_type_and_tokenizer(tmp_path):
 def test_every_checkpoint_taker_reads_gguf(llama_file):
   config = models.checkpoint.read_config(str(llama_file))
   assert (config.model_type, config.num_layers, config.hidden_size) == ("llama", 2, 256)
-  assert export.restore.checkpoint_kind(str(llama_file)) == "gguf"
+  assert restore.checkpoint_kind(str(llama_file)) == "gguf"
   spec = cli.load_config_file("configs/bandit_ppo.py:smoke")
   spec.model.checkpoint, spec.model.warm_start = str(llama_file), False
   assert schema.from_config(spec).model.checkpoint == str(llama_file)
