@@ -40,6 +40,8 @@ DEV = [
     # without CUDA packages here; newer versions pull several GB of them.
     "torch==2.13.0",
     "transformers==5.23.0",
+    # transformers refuses to load a model from a GGUF file without it (tests/models_gguf_test.py).
+    "accelerate==1.15.0",
     # tests/notebooks_test.py executes notebooks/*.ipynb in a kernel.
     "nbclient==0.11.0",
     "nbformat==5.11.1",
