@@ -16,7 +16,7 @@ Problems (`path`):
 
 Rules. The answer is free text: the first fenced (triple-backtick) Python block when there is
 one, else the whole text, is the candidate. Each test runs the candidate in its own sandboxed process
-(ragen_jax.envs.sandbox) with its own `test_timeout_s` wall-time limit (RAGEN: 3 s for all tests
+(ragen_jax.envs.text.sandbox) with its own `test_timeout_s` wall-time limit (RAGEN: 3 s for all tests
 together, unsandboxed); tests not started within `step_budget_s` of the step fail. A candidate
 that does not parse fails every test without running.
 Reward: the share of tests passed; `success` when all pass. With `max_attempts` > 1 a failed
@@ -46,7 +46,7 @@ import uuid
 from typing import Dict, List, Optional, Tuple
 
 from ragen_jax.config_checks import check_arguments, PositiveFloat, PositiveInt
-from ragen_jax.envs import sandbox as sandbox_lib
+from ragen_jax.envs.text import sandbox as sandbox_lib
 from ragen_jax.envs import text
 from ragen_jax.envs import tools as tools_lib
 from ragen_jax.envs.text import code_problems as cp
@@ -149,7 +149,7 @@ class CodeEnv(text.TextEnv):
       instruction: Optional[str] = None,
       tools: bool = False,
   ):
-    """split: the generated tasks' split (path None); sandbox, python: ragen_jax.envs.sandbox's
+    """split: the generated tasks' split (path None); sandbox, python: ragen_jax.envs.text.sandbox's
     isolation ("auto" or an explicit "none") and interpreter ("" = this one, else the system's)."""
     check_arguments(
         CodeEnv,
