@@ -31,7 +31,7 @@ MODULES = {
     "ragen_jax.envs.host_core": "ragen_jax.envs.host.core",
     "ragen_jax.envs.host_workers": "ragen_jax.envs.host.workers",
     "ragen_jax.envs.host_actor": "ragen_jax.envs.host.actor (records: ragen_jax.envs.host.records)",
-    "ragen_jax.envs.serve_http": "ragen_jax.envs.serve.http",
+    "ragen_jax.envs.serve_http": "ragen_jax.json_http",
     "ragen_jax.envs.http_env": "ragen_jax.envs.serve.client",
     "ragen_jax.envs.gymnasium_adapter": "ragen_jax.envs.bridges.gymnasium",
     "ragen_jax.envs.reasoning_gym_adapter": "ragen_jax.envs.bridges.reasoning_gym",

@@ -15,16 +15,16 @@ are stepped on the host, one instance per episode. `envs.register(name, factory)
             move rule `slide` as a pure function)
   text/     the `TextEnv` contract (`envs.text`) and RAGEN's text environments: Countdown,
             Sudoku, math (with its question generator), code (DeepCoder; its problem formats and
-            task generator), SearchQA (its retrievers and the generated encyclopedia it ships)
+            task generator, and the sandbox its tests run in: untrusted Python in namespaces under
+            limits, started by sandbox_launcher), SearchQA (its retrievers, the generated
+            encyclopedia it ships, and `python -m ragen_jax.envs.text.retrieval_server`: BM25
+            over HTTP)
   tools     the tools an environment may declare (`envs.Tool`) and the structured action a
             reply's tool call becomes (`envs.ToolCall`)
-  sandbox   untrusted Python (model-written code) in namespaces under limits; its launcher
-            process is sandbox_launcher
-  retrieval_server  `python -m ragen_jax.envs.retrieval_server`: BM25 over HTTP for SearchQA
   host/     stepping text environments on the host: `host.pool.HostPool` (threads or worker
             processes), its episode actors, and the records it returns (`host.records`)
-  serve/    one text environment over HTTP: `python -m ragen_jax.envs.serve` (serve.server) and
-            the client `serve.client.HttpEnv`
+  serve/    the environment server, one text environment over HTTP: `python -m
+            ragen_jax.envs.serve` (serve.server) and the client `serve.client.HttpEnv`
   bridges/  other packages' environments as text environments: gymnasium (`envs.from_gymnasium`)
             and reasoning-gym
 """
