@@ -238,10 +238,10 @@ class _Handler(http_server.BaseHTTPRequestHandler):
     """The request's body as a JSON object (Request.json)."""
     error = self.server.ERROR
     header = self.headers.get("Content-Length")
-    if header is None:
-      raise error(411, "a JSON body with a Content-Length header is required")
-    if not _DIGITS.fullmatch(header.strip()):
-      self.close_connection = True  # where the next request starts is unknown
+    if header is None or not _DIGITS.fullmatch(header.strip()):
+      self.close_connection = True  # where the next request starts is unknown (chunked?)
+      if header is None:
+        raise error(411, "a JSON body with a Content-Length header is required")
       raise error(400, f"bad Content-Length {header[:40]!r}")
     length = int(header)
     if length > self.server.max_body_bytes:
@@ -282,7 +282,7 @@ class _Handler(http_server.BaseHTTPRequestHandler):
         self.wfile.write(body)
     except OSError as exc:  # the client left; nothing to answer
       self.close_connection = True
-      logger.debug("answering %s failed: %r", self.path, exc)
+      logger.debug("answering %s failed: %r", getattr(self, "path", ""), exc)
 
 
 class JsonServer(http_server.ThreadingHTTPServer):
