@@ -29,7 +29,6 @@ are stepped on the host, one instance per episode. `envs.register(name, factory)
             and reasoning-gym
 """
 
-from ragen_jax import moved
 from ragen_jax.envs.device import base
 from ragen_jax.envs.device import game2048
 from ragen_jax.envs.device.bandit import Bandit, BanditState
@@ -52,7 +51,3 @@ def from_gymnasium(*args, **kwargs):
   from ragen_jax.envs.bridges import gymnasium as bridge  # pylint: disable=import-outside-toplevel
 
   return bridge.from_gymnasium(*args, **kwargs)
-
-
-def __getattr__(name):  # names that moved: the error says where
-  return moved.attribute(__name__, name)
