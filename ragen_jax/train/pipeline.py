@@ -1,11 +1,10 @@
 """Rollouts one step ahead on their own devices (`trainer.async_rollout`).
 
-    ahead = pipeline.Pipeline(model, rollout_sharder, max_staleness=1)
-    played, _ = ahead.take(s, actor_params, new_collect)    # the batch of step s
-    ahead.advance(actor_params, s)                          # the weights after s-1 go over
-    train_state, metrics = train_step(...)                  # dispatched, not awaited
-    ahead.launch(s + 1, collect)                            # the next rollout, meanwhile
-    metrics = jax.device_get(metrics)                       # only now wait for the update
+    ahead = pipeline.OneStepAhead(engines, exp, model, rollout_sharder)   # a train.collectors mode
+    taken = ahead.take(state, s, inspect)    # the batch of step s; the weights after s-1 go over
+    train_state, metrics = train_step(...)   # dispatched, not awaited
+    ahead.after_dispatch(s)                  # the rollout of step s+1, meanwhile
+    metrics = jax.device_get(metrics)        # only now wait for the update
 
 `mesh.rollout_devices` = N splits the devices (sharding.split_devices): the first N play the
 rollouts on a mesh of their own (episodes over data, the training mesh's tensor split), the rest
@@ -33,8 +32,10 @@ from typing import Any, Callable, Dict, Optional
 
 import jax
 
+from ragen_jax import keys
 from ragen_jax.algos.step_records import ModelGraph
 from ragen_jax.models import lora
+from ragen_jax.train import collectors
 from ragen_jax.train import run_state
 
 
@@ -85,68 +86,78 @@ class RolloutWeights:
     return self.graph.merge(lora.combine(self.trainable, self.frozen))
 
 
-def play(
-    weights: RolloutWeights, step: int, collect: Callable[[Any, int], Dict[str, Any]]
-) -> Played:
-  """The rollout of `step` with `weights` (`collect(policy, step)`: the trainer's rollout)."""
+def play(weights: RolloutWeights, step: int, collect: Callable[[Any], Dict[str, Any]]) -> Played:
+  """The rollout of `step` with `weights` (`collect(policy)`: every tag's rollout of it)."""
   tic = time.perf_counter()
-  results = collect(weights.policy(), step)
+  results = collect(weights.policy())
   return Played(step, results, weights.version, time.perf_counter() - tic)
 
 
-class Pipeline:
-  """The rollout devices' weights and the rollout in flight, as the trainer's loop uses them."""
+class OneStepAhead(collectors.Collector):
+  """The collector of `trainer.async_rollout`: the rollout devices' weights and the rollout in
+  flight."""
 
-  def __init__(self, model, sharder, max_staleness: int):
+  def __init__(self, engines, exp, model, sharder):
+    super().__init__(engines, exp, model)
     self.weights = RolloutWeights(model, sharder)
-    self.max_staleness = max_staleness
+    self.max_staleness = exp.trainer.max_staleness
     self.in_flight: Optional[Played] = None
+    self.next_rollout: Optional[Callable] = None  # launched once the update is dispatched
 
-  def player(self, step_key, play_fn: Callable[[Any, Any, int], Dict[str, Any]]):
-    """`collect(policy, step)`: `play_fn(policy, key, step)` with `step_key` placed on the
-    rollout devices now. Derived later, on the training devices, the key would queue behind the
-    update dispatched meanwhile, and the rollout would wait for the update instead of
-    overlapping it."""
-    key = jax.device_put(step_key, self.weights.sharder.replicated)
-    return lambda policy, step: play_fn(policy, key, step)
+  def start(self, model, state: run_state.RunState) -> None:
+    super().start(model, state)
+    self.weights.load(state.train.actor_params, version=0)
 
-  def take(self, step: int, actor_params, new_collect: Callable[[], Callable]) -> tuple:
-    """(the rollout that step `step` trains on, seconds spent copying weights): the one in
-    flight, or, with none (the run's first step here, or max_staleness 0), one played now by
-    `new_collect()` with the newest weights."""
+  def _collect(self, state: run_state.RunState, step: int) -> Callable[[Any], Dict[str, Any]]:
+    """`collect(policy)`: the rollout of `step`, its key placed on the rollout devices now.
+    Derived later, on the training devices, the key would queue behind the update dispatched
+    meanwhile, and the rollout would wait for the update instead of overlapping it."""
+    key = jax.device_put(keys.step(state.key, step), self.weights.sharder.replicated)
+    return lambda policy: collectors.play(self.engines, self.exp, policy, key, step)
+
+  def take(
+      self, state: run_state.RunState, step: int, inspect: collectors.Inspect
+  ) -> collectors.Taken:
+    """The rollout in flight, or, with none (the run's first step here, or max_staleness 0),
+    one played now with the newest weights; inspected under the weights that played it, after
+    which (one step ahead) the weights after step - 1 go over for the rollout of step + 1."""
+    params = state.train.actor_params
     played, self.in_flight, seconds = self.in_flight, None, 0.0
     if played is None:
       if not self.max_staleness:
-        seconds = self.weights.load(actor_params, version=step - 1)
-      played = play(self.weights, step, new_collect())
+        seconds = self.weights.load(params, version=step - 1)
+      played = play(self.weights, step, self._collect(state, step))
     if played.step != step or played.staleness() > self.max_staleness:
       raise RuntimeError(f"step {step}: the rollout of step {played.step} is out of order")
-    return played, seconds
+    diagnostics = inspect(self.weights.policy(), played.results)  # before newer weights come
+    if self.max_staleness:
+      # Copied now: the update about to be dispatched donates `params`.
+      seconds += self.weights.load(params, version=step - 1)
+      if step < self.exp.trainer.total_steps:
+        self.next_rollout = self._collect(state, step + 1)
+    metrics = {"async/staleness": float(played.staleness()), "timing_s/weight_sync": seconds}
+    return collectors.Taken(played.results, diagnostics, played.seconds, metrics)
 
-  def advance(self, actor_params, step: int) -> float:
-    """One step ahead, once the batch of `step` has been diagnosed under the policy that played
-    it: the weights after step - 1 go to the rollout devices for the rollout of step + 1.
-    Returns the copy's seconds."""
-    if not self.max_staleness:
-      return 0.0
-    return self.weights.load(actor_params, version=step - 1)
+  def after_dispatch(self, step: int) -> None:
+    """Plays the rollout of `step` + 1 now, while the update dispatched before trains."""
+    if self.next_rollout is not None:
+      self.in_flight = play(self.weights, step + 1, self.next_rollout)
+      self.next_rollout = None
 
-  def launch(self, step: int, collect) -> None:
-    """Plays the rollout of `step` now, while the update dispatched before trains."""
-    self.in_flight = play(self.weights, step, collect)
-
-  def checkpoint(self, state: run_state.RunState) -> run_state.PipelinedState:
-    """What a checkpoint holds: `state` and the weights that play the next rollout."""
+  def checkpoint(self, state: run_state.RunState, host: run_state.HostState) -> Any:
+    """`state` and the weights that play the next rollout (their step in `host`)."""
+    host.behaviour_step = self.weights.version
     return run_state.PipelinedState(state, self.weights.trainable)
 
-  def restore_target(self, like, behaviour_shapes) -> run_state.PipelinedState:
-    """The arrays a checkpoint restores into: `like` (the RunState's, placed) and the behaviour
-    weights placed on the rollout devices."""
+  def restore_target(self, like) -> run_state.PipelinedState:
+    """`like` and the behaviour weights placed on the rollout devices."""
+    behaviour = run_state.abstract(self.model, self.exp).behaviour
     return run_state.PipelinedState(
-        like, run_state.placed(behaviour_shapes, self.weights.shardings(behaviour_shapes))
+        like, run_state.placed(behaviour, self.weights.shardings(behaviour))
     )
 
-  def restored(self, state: run_state.PipelinedState, behaviour_step: int) -> run_state.RunState:
+  def restored(self, restored, host: run_state.HostState) -> run_state.RunState:
     """Places a restored checkpoint's behaviour weights; returns its RunState."""
-    self.weights.load(state.run.train.actor_params, behaviour_step, trainable=state.behaviour)
-    return state.run
+    run = restored.run
+    self.weights.load(run.train.actor_params, host.behaviour_step, trainable=restored.behaviour)
+    return run

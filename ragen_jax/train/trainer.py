@@ -29,8 +29,10 @@ which more episodes than `envs.<tag>.max_env_errors` ended in an environment fau
 training on them; train/guards.py). Ctrl-C or SIGTERM finishes the current step, saves and returns
 (`stop_signals`; during start-up it stops at once, nothing having been trained).
 
-With `trainer.async_rollout` the rollout of step s+1 plays on `mesh.rollout_devices` while step
-s trains on the other devices (train/pipeline.py: staleness, weight copies, exact resumes).
+Each step's batch comes from a collector (train/collectors.py), chosen once: played when the
+step asks for it, or, with `trainer.async_rollout`, the rollout of step s+1 played on
+`mesh.rollout_devices` while step s trains on the other devices (train/pipeline.py: staleness,
+weight copies, exact resumes). Every "every N steps" event follows one rule, `due`.
 
 Multi-process runs (ragen_jax.distributed) execute this same loop on every process: each plays
 its share of every rollout, after which every process holds the same episodes, metrics and
@@ -59,6 +61,7 @@ from ragen_jax import sharding
 from ragen_jax.config import drift
 from ragen_jax.config import schema
 from ragen_jax.train import batching
+from ragen_jax.train import collectors
 from ragen_jax.train import guards
 from ragen_jax.train import memory
 from ragen_jax.train import pipeline
@@ -120,7 +123,7 @@ def train(
       writer = logging_utils.SummaryWriter(workdir, enabled=jax.process_index() == 0)
       run = None
       try:
-        run = _Run(exp, config, workdir, writer, ckpt, *sharders)
+        run = Trainer(exp, config, workdir, writer, ckpt, *sharders)
         return run.loop(stop, stop_after)
       finally:
         if run is not None:
@@ -185,8 +188,14 @@ def _write_config_record(workdir: str, config) -> None:
     atomic_write.write_text(os.path.join(workdir, "config.json"), _config_json(config, indent=1))
 
 
-class _Run:
-  """One call of `train`: builds everything, then loops."""
+def due(step: int, every: int, total: int) -> bool:
+  """Whether an "every N steps" event falls at `step`: each `every`-th step and the last one
+  (`every` 0: never). The one cadence rule of the loop (big_vision's `itstime`)."""
+  return bool(every) and (step % every == 0 or step == total)
+
+
+class Trainer:
+  """One call of `train`: builds the model, the engines and the collector, then loops."""
 
   def __init__(self, exp, config, workdir, writer, ckpt, sharder, rollout_sharder=None):
     self.exp, self.workdir, self.writer, self.ckpt = exp, workdir, writer, ckpt
@@ -221,10 +230,12 @@ class _Run:
         temperature=exp.rollout.temperature,
     )
     self.host = run_state.HostState.new(exp)
-    # Asynchronous rollouts: the weights on the rollout devices and the rollout in flight.
-    self.pipeline = None
-    if rollout_sharder is not None:
-      self.pipeline = pipeline.Pipeline(self.model, rollout_sharder, exp.trainer.max_staleness)
+    # Where each step's batch comes from: played when the step asks, or (async) one step ahead
+    # on the rollout devices.
+    if rollout_sharder is None:
+      self.collector = collectors.Synchronous(self.engines, exp, self.model)
+    else:
+      self.collector = pipeline.OneStepAhead(self.engines, exp, self.model, rollout_sharder)
 
   def close(self):
     """Ends the text environments' pools (threads, worker processes)."""
@@ -245,75 +256,65 @@ class _Run:
     state = distributed.put(
         run_state.new_state(self.model, self.exp.ppo, keys.base(self.exp.seed)), self.state_sharding
     )
-    if self.pipeline is not None:
-      self.pipeline.weights.load(state.train.actor_params, version=0)
+    self.collector.start(self.model, state)
     return state
 
   def _restore(self) -> tuple[run_state.RunState, int]:
-    like = run_state.placed(self.state_shape, self.state_sharding)
-    if self.pipeline is not None:
-      like = self.pipeline.restore_target(like, run_state.abstract(self.model, self.exp).behaviour)
+    like = self.collector.restore_target(run_state.placed(self.state_shape, self.state_sharding))
     # Arrays restored straight into their shardings; a checkpoint of another model or optimizer
     # (a change allowed explicitly) does not fit this config.
-    state, meta = _as_config_error(self.ckpt.restore, like)
+    restored, meta = _as_config_error(self.ckpt.restore, like)
     self.host = run_state.HostState.from_meta(self.exp, meta)
-    if self.pipeline is not None:
-      state = self.pipeline.restored(state, self.host.behaviour_step)
-    state = distributed.put(state, self.state_sharding)
+    state = distributed.put(self.collector.restored(restored, self.host), self.state_sharding)
     logging.info("resumed from %s at step %d", self.ckpt.directory, int(meta["step"]))
     return state, int(meta["step"])
 
   def _save(self, state: run_state.RunState, step: int):
-    if self.pipeline is not None:  # with the weights that play the next rollout
-      self.host.behaviour_step = self.pipeline.weights.version
-      state = self.pipeline.checkpoint(state)
-    self.ckpt.save(step, state, self.host.meta(self.exp, step, _config_json(self.config)))
+    saved = self.collector.checkpoint(state, self.host)
+    self.ckpt.save(step, saved, self.host.meta(self.exp, step, _config_json(self.config)))
 
   # ------------------------------------------------------------------ pieces of a step
 
   def _policy(self, state: run_state.RunState):
     return algos.actor_module(self.model, state.train)
 
-  def _play(self, policy, step_key, step: int) -> Dict[str, rollout_lib.RolloutResult]:
-    seeds = keys.level_seeds_of_step(self.exp, step)
-    results = {
-        tag: engine.run(policy, keys.rollout(step_key, i), seeds[tag])
-        for i, (tag, engine) in enumerate(self.engines.items())
-    }
-    for tag, result in results.items():
-      batching.add_env_metrics(self.engines[tag].env, result)
-    return results
-
-  def _check_results(self, results, step: int) -> None:
+  def _inspect(self, policy, results, step: int) -> Dict[str, float]:
+    """Checks a step's batch for environment faults, then diagnoses it under `policy`, the
+    policy that played it."""
     shares = {tag: (r.summary["env_error"], r.episodes) for tag, r in results.items()}
     guards.check_env_errors(self.exp.envs, shares, step, self.ckpt)
+    return self._diagnose(policy, results, step)
 
-  def _rollout(self, state: run_state.RunState, step: int):
-    """(results, diagnostics, rollout seconds, async metrics) of the batch step `step` trains
-    on: played now, or (async_rollout) while the previous step trained."""
-    if self.pipeline is None:
-      tic = time.perf_counter()
-      policy = self._policy(state)
-      results = self._play(policy, keys.step(state.key, step), step)
-      t_gen = time.perf_counter() - tic
-      self._check_results(results, step)
-      return results, self._diagnose(policy, results, step), t_gen, {}
-    params = state.train.actor_params
-    played, t_sync = self.pipeline.take(step, params, lambda: self._player(state, step))
-    self._check_results(played.results, step)
-    # Under the policy that sampled it: before the newer weights replace it.
-    diag = self._diagnose(self.pipeline.weights.policy(), played.results, step)
-    t_sync += self.pipeline.advance(params, step)
-    return (
-        played.results,
-        diag,
-        played.seconds,
-        {"async/staleness": float(played.staleness()), "timing_s/weight_sync": t_sync},
+  def _step(self, state: run_state.RunState, step: int):
+    """One training step: (the state after it, its metrics, the host batch it trained on)."""
+    taken = self.collector.take(
+        state, step, lambda policy, results: self._inspect(policy, results, step)
     )
-
-  def _player(self, state: run_state.RunState, step: int):
-    """The rollout of `step` on the rollout devices (`Pipeline.player`)."""
-    return self.pipeline.player(keys.step(state.key, step), self._play)
+    # Built on the host once; every process holds it whole and places the rows its devices hold.
+    host_batch = batching.join_batches(
+        [r.batch for r in taken.results.values()], self.exp.trainer.pad_multiple, self.tok.pad_id
+    )
+    batch = distributed.put(host_batch, self.sharder.batch_tree(host_batch))
+    tic_update = time.perf_counter()
+    train_state, metrics = self.train_step(
+        state.train,
+        batch,
+        keys.update(keys.step(state.key, step)),
+        response_width=algos.response_width(host_batch.loss_mask_BxT),
+    )  # dispatched: what the collector does now overlaps the update
+    self.collector.after_dispatch(step)
+    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    t_update = time.perf_counter() - tic_update
+    guards.check_losses(metrics, step, self.ckpt)
+    metrics.update(
+        batching.rollout_metrics(taken.results, "train"),
+        **batching.rollout_cost(taken.results),
+        **taken.diagnostics,
+        **batching.batch_metrics(host_batch),
+        **{"timing_s/gen": taken.seconds, "timing_s/update": t_update},
+        **taken.metrics,
+    )
+    return state.replace(train=train_state), metrics, host_batch
 
   def _diagnose(self, policy, results, step: int) -> Dict[str, float]:
     """Reasoning metrics every step; RAGEN-2's MI family when due (on the unfiltered batch,
@@ -376,17 +377,15 @@ class _Run:
     _write_config_record(self.workdir, self.config)
     return state, step
 
-  # ------------------------------------------------------------------ the loop
-
-  def loop(self, stop: stop_signals.StopFlag, stop_after: Optional[int]) -> Dict[str, Any]:
-    exp, total = self.exp, self.exp.trainer.total_steps
-    state, start = self._start(stop)
+  def _ended(self, stop: stop_signals.StopFlag, start: int) -> Optional[Dict[str, Any]]:
+    """The summary of a run that goes no further than its start (a signal during start-up or
+    step 0's save, or an early stop in "stop" mode); None when it trains on."""
     # A signal during a multi-process start-up, or during step 0's save, stops here.
     if distributed.any_across(stop.requested):
       logging.info("stopped at step %d; run the same command to resume", start)
       return {"step": start, "interrupted": True}
     stopped = self.host.stopped
-    if stopped and getattr(exp.early_stop, stopped["rule"]) == "stop":
+    if stopped and getattr(self.exp.early_stop, stopped["rule"]) == "stop":
       logging.warning(
           "the run was stopped early at step %d (%s: %s); to continue, set "
           "--config.early_stop.%s=warn or off",
@@ -396,46 +395,25 @@ class _Run:
           stopped["rule"],
       )
       return {"step": start, "early_stopped": stopped["rule"]}
+    return None
+
+  # ------------------------------------------------------------------ the loop
+
+  def loop(self, stop: stop_signals.StopFlag, stop_after: Optional[int]) -> Dict[str, Any]:
+    total = self.exp.trainer.total_steps
+    state, start = self._start(stop)
+    ended = self._ended(stop, start)
+    if ended:
+      return ended
     progress = logging_utils.Progress(
         max(total, 1), start_step=start, enabled=jax.process_index() == 0
     )
     last, step = {}, start
     for step in range(start + 1, total + 1):
       tic = time.perf_counter()
-      results, diag, t_gen, async_metrics = self._rollout(state, step)
-      step_key = keys.step(state.key, step)
-      # Built on the host once; every process holds it whole and places the rows its
-      # devices hold.
-      host_batch = batching.join_batches(
-          [r.batch for r in results.values()], exp.trainer.pad_multiple, self.tok.pad_id
-      )
-      batch = distributed.put(host_batch, self.sharder.batch_tree(host_batch))
-      ahead = self.pipeline is not None and exp.trainer.max_staleness and step < total
-      if ahead:  # the next rollout's key, made before the update fills the training devices
-        player = self._player(state, step + 1)
-      tic_update = time.perf_counter()
-      train_state, metrics = self.train_step(
-          state.train,
-          batch,
-          keys.update(step_key),
-          response_width=algos.response_width(host_batch.loss_mask_BxT),
-      )  # dispatched: the next rollout plays while the training devices compute
-      if ahead:
-        self.pipeline.launch(step + 1, player)
-      metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-      t_update = time.perf_counter() - tic_update
-      guards.check_losses(metrics, step, self.ckpt)
-      state = state.replace(train=train_state)
-      metrics.update(
-          batching.rollout_metrics(results, "train"),
-          **batching.rollout_cost(results),
-          **diag,
-          **batching.batch_metrics(host_batch),
-          **{"timing_s/gen": t_gen, "timing_s/update": t_update},
-          **async_metrics,
-      )
+      state, metrics, host_batch = self._step(state, step)
       events = self.host.monitor.after_step(step, metrics)
-      if step % exp.trainer.eval_every == 0 or step == total:
+      if due(step, self.exp.trainer.eval_every, total):
         val = self._validate(state, step)
         metrics.update(val)
         events += self.host.monitor.after_validation(step, val)
@@ -451,7 +429,7 @@ class _Run:
       interrupted = distributed.any_across(stop.requested) or (
           stop_after is not None and step - start >= stop_after
       )
-      if step % exp.trainer.save_every == 0 or step == total or interrupted or stopped:
+      if due(step, self.exp.trainer.save_every, total) or interrupted or stopped:
         self._save(state, step)
       if stopped:
         logging.warning("stopping early after step %d (%s)", step, stopped["rule"])
