@@ -176,11 +176,13 @@ class FrozenLake(base.Env):
   # ---------------------------------------------------------------- host side
 
   def render(self, state: FrozenLakeState, fmt: str = "grid") -> str:
-    return self.render_batch(base.one_row(state), [0], fmt)[0]
+    return self._texts(base.one_row(state), fmt)[0]
 
   def render_batch(self, states: FrozenLakeState, rows, fmt: str = "grid") -> List[str]:
-    """RAGEN's texts for rows of a batched state, vectorised over the rows with NumPy."""
-    host = base.take_rows(states, rows)
+    return self._texts(base.take_rows(states, rows), fmt)
+
+  def _texts(self, host: FrozenLakeState, fmt: str) -> List[str]:
+    """RAGEN's texts for every row of a batched NumPy state, vectorised over the rows."""
     tiles_RxSxS = host.tiles_SxS
     shape = tiles_RxSxS.shape[-2:]
     cell = lambda rc_Rx2: rc_Rx2[:, 0] * shape[1] + rc_Rx2[:, 1]

@@ -204,11 +204,14 @@ class Sokoban(base.Env):
   # ---------------------------------------------------------------- host side
 
   def render(self, state: SokobanState, fmt: str = "grid") -> str:
-    return self.render_batch(base.one_row(state), [0], fmt)[0]
+    return self._texts(base.one_row(state), fmt)[0]
 
   def render_batch(self, states: SokobanState, rows, fmt: str = "grid") -> List[str]:
-    """RAGEN's texts for rows of a batched state, vectorised over the rows with NumPy."""
-    fixed_RxHxW, boxes_RxHxW, player_RxHxW = _host_masks(base.take_rows(states, rows))
+    return self._texts(base.take_rows(states, rows), fmt)
+
+  def _texts(self, host: SokobanState, fmt: str) -> List[str]:
+    """RAGEN's texts for every row of a batched NumPy state, vectorised over the rows."""
+    fixed_RxHxW, boxes_RxHxW, player_RxHxW = _host_masks(host)
     target = fixed_RxHxW == TARGET
     symbols = np.where(fixed_RxHxW == WALL, "#", np.where(target, "O", "_"))
     symbols = np.where(boxes_RxHxW, np.where(target, "√", "X"), symbols)
