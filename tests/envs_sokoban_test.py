@@ -11,6 +11,7 @@ import pytest
 
 from ragen_jax import envs
 from ragen_jax.envs.device import sokoban
+from ragen_jax.envs.device import sokoban_generator
 
 ENV1 = envs.make("sokoban", dim_room=(6, 6), num_boxes=1, max_steps=100)
 ENV2 = envs.make("sokoban", dim_room=(6, 6), num_boxes=2, max_steps=100)
@@ -197,6 +198,30 @@ def test_vmap_and_batch_equal_unbatched(levels):
     assert env.render(jax.tree.map(lambda x: x[15 - i], flipped)) == env.render(
         jax.tree.map(lambda x: x[i], batch)
     )
+
+
+def test_levels_are_the_same_in_chunks_or_in_one(levels):
+  """A CPU generates large batches in chunks of 256 levels, an accelerator in one chunk; a key
+  gives the same level either way."""
+  assert sokoban_generator.chunk_size(512, "cpu") == 256
+  assert sokoban_generator.chunk_size(512, "gpu") == sokoban_generator.chunk_size(512, "tpu") == 512
+  assert sokoban_generator.chunk_size(16, "cpu") == 16
+  env, states, _ = levels  # generated in one chunk of 16
+  generate = jax.jit(sokoban_generator.generate, static_argnums=tuple(range(1, 8)))
+  gen_steps = int(1.7 * sum(env.dim_room))
+  _, _, boxes_BxK, player_B, accepted_B = generate(
+      jax.random.split(jax.random.PRNGKey(7), 16),
+      env.dim_room,
+      env.num_boxes,
+      gen_steps,
+      env.search_depth,
+      env.num_reverse_walks,
+      env.num_candidates,
+      4,
+  )
+  assert np.asarray(accepted_B).all()
+  np.testing.assert_array_equal(boxes_BxK, states.boxes_K)
+  np.testing.assert_array_equal(player_B, states.player)
 
 
 def test_generated_6x6_levels_are_solvable_and_ragen_like():

@@ -12,6 +12,10 @@ The peer lives in the benchmark's own environment:
   python -m venv /tmp/benchenv && /tmp/benchenv/bin/pip install -e . gym-sokoban==0.0.6
   /tmp/benchenv/bin/python experiments/bench/envs.py
 FrozenLake and Bandit are timed too (ours only: their peers are trivial Python).
+
+With --render: host rendering instead, renders/s of freshly reset host states in each format,
+one `env.render` call per row against one `env.render_batch` call for the whole batch (what the
+rollout makes each turn).
 """
 
 import argparse
@@ -66,6 +70,26 @@ def ours(env, batch, scan_steps=100):
   return gen_rate, call_rate, scan_rate
 
 
+def render_rates(env, batch, fmt):
+  """Renders/s of `batch` reset host states: per row, and in one batched call."""
+  states = jax.device_get(jax.jit(env.reset_batch)(jax.random.split(jax.random.key(0), batch)))
+  rows = [jax.tree.map(lambda x, i=i: x[i], states) for i in range(batch)]
+  per_row = _best_rate(lambda: [env.render(state, fmt) for state in rows], batch)
+  batched = _best_rate(lambda: env.render_batch(states, range(batch), fmt), batch)
+  return per_row, batched
+
+
+def render_table(batch):
+  print("| env | format | batch | renders/s (per row) | renders/s (batched) |")
+  print("|---|---|---|---|---|")
+  for name in ("sokoban", "frozenlake", "bandit", "2048"):
+    env = envs.make(name)
+    formats = ("grid", "coord", "grid_coord") if name in ("sokoban", "frozenlake") else ("grid",)
+    for fmt in formats:
+      per_row, batched = render_rates(env, batch, fmt)
+      print(f"| {name} | {fmt} | {batch} | {per_row:,.0f} | {batched:,.0f} |", flush=True)
+
+
 def gym_sokoban_rates(num_levels=1000, num_steps=50000):
   """gym-sokoban's generator and its step without rendering, or None if not installed."""
   try:
@@ -103,11 +127,16 @@ def gym_sokoban_rates(num_levels=1000, num_steps=50000):
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--batches", default="1,16,256,4096")
+  parser.add_argument("--render", action="store_true", help="time host rendering instead")
   args = parser.parse_args()
   batches = [int(b) for b in args.batches.split(",")]
   print(
       f"jax {jax.__version__} on {jax.devices()[0].device_kind}, " f"{len(jax.devices())} device(s)"
   )
+  if args.render:
+    for batch in batches:
+      render_table(batch)
+    return
   peer = gym_sokoban_rates()
   if peer:
     print(

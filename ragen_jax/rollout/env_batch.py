@@ -99,8 +99,9 @@ class JaxBatch:
     self._names: List[tuple] = []
     self._offset = 0
 
-  def _render(self, i: int) -> str:
-    return self.env.render(row(self._host, i), self.config.render_format)
+  def _render(self, rows: Sequence[int]) -> List[str]:
+    """The rows' texts from the host states, in one call for the turn (NumPy only)."""
+    return self.env.render_batch(self._host, rows, self.config.render_format)
 
   def reset(self, seed: int, rows: Sequence[int]) -> List[Start]:
     c, (lo, hi) = self.config, rows
@@ -109,7 +110,8 @@ class JaxBatch:
     self._host, self._offset = jax.device_get(self._states), lo
     instruction = self.env.instruction(c.render_format)
     self._names = [tuple(self.env.action_names_for(row(self._host, i))) for i in range(hi - lo)]
-    return [Start(self._render(i), instruction, names, None) for i, names in enumerate(self._names)]
+    texts = self._render(range(hi - lo))
+    return [Start(text, instruction, names, None) for text, names in zip(texts, self._names)]
 
   def states(self, indices: Sequence[int]) -> Dict[int, Any]:
     """The episodes' unbatched host states (what scripted experts plan from)."""
@@ -132,9 +134,10 @@ class JaxBatch:
         (self._states, reward_B, n_exec_B, n_eff_B, success_B)
     )
     done_B = np.asarray(self._host.done)
+    texts = dict(zip(actions, self._render(list(actions))))
     return {
         i: Outcome(
-            self._render(i),
+            texts[i],
             float(reward_B[i]),
             bool(done_B[i]),
             bool(success_B[i]),

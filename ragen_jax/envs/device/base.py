@@ -7,8 +7,11 @@ probabilities), so `jax.jit(env.step)` closes over it and `jax.vmap` maps over s
   states = env.reset_batch(keys)                           # the same as vmap(reset)
   state, reward, done, info = env.step(key, state, action) # pure; int32 action index
   text = env.render(state)                                 # host side, one unbatched state
+  texts = env.render_batch(states, rows, fmt)              # host side, rows of a batched state
   state = env.from_text(text)                              # inverse of render for the grid format
 
+Rendering is host work on NumPy arrays: given a host state (`jax.device_get`) it moves nothing
+to a device, and the rollout renders every stepped row of a turn in one `render_batch` call.
 `info` is a dict of arrays with at least `success`, `action_is_effective` and `action_is_valid`.
 An environment that can demonstrate defines `expert(state) -> (plan as action indices or None,
 short reasoning text)` for one unbatched state: the scripted expert of `ragen_jax.warm_start.demos`.
@@ -22,7 +25,7 @@ other episodes continue). An out-of-range action is a no-op that costs no step a
 
 import abc
 import dataclasses
-from typing import Any, Dict, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import jax
 from jax import lax
@@ -61,6 +64,11 @@ class Env(abc.ABC):
   @abc.abstractmethod
   def render(self, state: Any, fmt: str = "grid") -> str:
     """RAGEN's text for one unbatched state."""
+
+  def render_batch(self, states: Any, rows: Sequence[int], fmt: str = "grid") -> List[str]:
+    """RAGEN's texts for rows `rows` of a batched host state, in order; per row by default, the
+    grid worlds vectorised over the rows."""
+    return [self.render(jax.tree.map(lambda x, i=i: x[i], states), fmt) for i in rows]
 
   @abc.abstractmethod
   def from_text(self, text: str) -> Any:
@@ -116,15 +124,62 @@ def check_format(fmt: str) -> None:
     raise ValueError(f"Unknown render format {fmt!r}; expected one of {RENDER_FORMATS}.")
 
 
-def coord_block(shape: Tuple[int, int], entries: Sequence[Tuple[str, np.ndarray]]) -> str:
-  """RAGEN's coordinate text: a board-size line, then `Label: (r, c), ...` per non-empty category."""
-  rows, cols = shape
-  lines = [f"Board size: {rows} rows x {cols} cols (zero-indexed)."]
-  for label, mask in entries:
-    cells = np.argwhere(mask)
-    if len(cells):
-      lines.append(f"{label}: " + ", ".join(f"({r}, {c})" for r, c in cells))
-  return "\n".join(lines)
+def one_row(state: Any) -> Any:
+  """An unbatched state as a host batch of one row (what `render` hands `render_batch`)."""
+  return jax.tree.map(lambda x: np.asarray(x)[None], jax.device_get(state))
+
+
+def take_rows(states: Any, rows: Sequence[int]) -> Any:
+  """Rows `rows` of a batched state as NumPy arrays (an explicit copy if on a device)."""
+  index_R = np.asarray(rows, np.int64)
+  return jax.tree.map(lambda x: np.asarray(x)[index_R], jax.device_get(states))
+
+
+def cell_masks(cells_RxK: np.ndarray, shape: Tuple[int, int]) -> np.ndarray:
+  """bool [R, H, W]: each row's flat cells r * W + c marked (`cells` [R] or [R, K])."""
+  h, w = shape
+  cells_RxK = np.asarray(cells_RxK)
+  cells_RxK = cells_RxK[:, None] if cells_RxK.ndim == 1 else cells_RxK
+  return np.any(cells_RxK[:, :, None] == np.arange(h * w), axis=1).reshape(-1, h, w)
+
+
+def grid_texts(symbols_RxHxW: np.ndarray) -> List[str]:
+  """Each row's board of single-character symbols as lines of text."""
+  r, h, w = symbols_RxHxW.shape
+  lines_RxHxW1 = np.full((r, h, w + 1), "\n", "<U1")
+  lines_RxHxW1[:, :, :w] = symbols_RxHxW
+  # One fixed-width string per row from the contiguous characters, the last newline cut.
+  texts = lines_RxHxW1.reshape(r, h * (w + 1)).view(f"<U{h * (w + 1)}")[:, 0].tolist()
+  return [text[:-1] for text in texts]
+
+
+def coord_blocks(
+    shape: Tuple[int, int], entries: Sequence[Tuple[str, np.ndarray]], num_rows: int
+) -> List[str]:
+  """RAGEN's coordinate text per row: a board-size line, then `Label: (r, c), ...` per
+  non-empty category; `entries` pairs each label with its masks, bool [R, H, W]."""
+  h, w = shape
+  names_N = np.array([f"({r}, {c})" for r in range(h) for c in range(w)], object)
+  lines = [[f"Board size: {h} rows x {w} cols (zero-indexed)."] for _ in range(num_rows)]
+  for label, mask_RxHxW in entries:
+    mask_RxN = mask_RxHxW.reshape(num_rows, h * w)
+    for i in np.flatnonzero(mask_RxN.any(axis=1)):
+      lines[i].append(f"{label}: " + ", ".join(names_N[mask_RxN[i]]))
+  return ["\n".join(row_lines) for row_lines in lines]
+
+
+def board_texts(
+    fmt: str, symbols_RxHxW: np.ndarray, entries: Sequence[Tuple[str, np.ndarray]]
+) -> List[str]:
+  """A grid world's texts in `fmt`: the symbol grid, the coordinates, or both."""
+  check_format(fmt)
+  r, h, w = symbols_RxHxW.shape
+  if fmt == "grid":
+    return grid_texts(symbols_RxHxW)
+  coords = coord_blocks((h, w), entries, r)
+  if fmt == "coord":
+    return coords
+  return [grid_coord(c, g) for c, g in zip(coords, grid_texts(symbols_RxHxW))]
 
 
 def cells_text(cells) -> str:

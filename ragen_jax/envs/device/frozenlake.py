@@ -176,34 +176,29 @@ class FrozenLake(base.Env):
   # ---------------------------------------------------------------- host side
 
   def render(self, state: FrozenLakeState, fmt: str = "grid") -> str:
-    base.check_format(fmt)
-    tiles, start, player = (
-        np.asarray(x) for x in jax.device_get((state.tiles_SxS, state.start_rc, state.player_rc))
-    )
-    player_mask = np.zeros(tiles.shape, bool)
-    player_mask[player[0], player[1]] = True
-    start_mask = np.zeros(tiles.shape, bool)
-    start_mask[start[0], start[1]] = True
-    sym = np.where(tiles == HOLE, "O", np.where(tiles == GOAL, "G", "_"))
-    sym = np.where(
-        player_mask, np.where(tiles == HOLE, "X", np.where(tiles == GOAL, "√", "P")), sym
-    )
-    grid = "\n".join("".join(row) for row in sym)
-    if fmt == "grid":
-      return grid
-    on = lambda code: player_mask & (tiles == code)
-    coord = base.coord_block(
-        tiles.shape,
-        [
-            ("Start", start_mask),
-            ("Goal", tiles == GOAL),
-            ("Player", on(FROZEN)),
-            ("Player on goal", on(GOAL)),
-            ("Player in hole", on(HOLE)),
-            ("Holes", tiles == HOLE),
-        ],
-    )
-    return coord if fmt == "coord" else base.grid_coord(coord, grid)
+    return self._texts(base.one_row(state), fmt)[0]
+
+  def render_batch(self, states: FrozenLakeState, rows, fmt: str = "grid") -> List[str]:
+    return self._texts(base.take_rows(states, rows), fmt)
+
+  def _texts(self, host: FrozenLakeState, fmt: str) -> List[str]:
+    """RAGEN's texts for every row of a batched NumPy state, vectorised over the rows."""
+    tiles_RxSxS = host.tiles_SxS
+    shape = tiles_RxSxS.shape[-2:]
+    cell = lambda rc_Rx2: rc_Rx2[:, 0] * shape[1] + rc_Rx2[:, 1]
+    player_RxSxS = base.cell_masks(cell(host.player_rc), shape)
+    hole, goal = tiles_RxSxS == HOLE, tiles_RxSxS == GOAL
+    symbols = np.where(hole, "O", np.where(goal, "G", "_"))
+    symbols = np.where(player_RxSxS, np.where(hole, "X", np.where(goal, "√", "P")), symbols)
+    entries = [
+        ("Start", base.cell_masks(cell(host.start_rc), shape)),
+        ("Goal", goal),
+        ("Player", player_RxSxS & (tiles_RxSxS == FROZEN)),
+        ("Player on goal", player_RxSxS & goal),
+        ("Player in hole", player_RxSxS & hole),
+        ("Holes", hole),
+    ]
+    return base.board_texts(fmt, symbols, entries)
 
   def from_text(self, text: str) -> FrozenLakeState:
     """Parses a grid; the start tile is not drawn, so it is taken to be the player's tile."""

@@ -122,12 +122,10 @@ class Sokoban(base.Env):
   def expert(self, state: SokobanState) -> Tuple[Optional[List[int]], str]:
     """The first moves of an optimal plan (breadth-first `solve`), or None when the level
     cannot be solved any more; the reasoning names player, boxes and targets."""
-    fixed, boxes, player = (
-        np.asarray(x) for x in (state.fixed_HxW, state.boxes_HxW, state.player_rc)
-    )
+    fixed, boxes, player = (x[0] for x in _host_masks(base.one_row(state)))
     targets = np.argwhere(fixed == TARGET)
     thought = (
-        f"Player {base.cells_text([player])}, box {base.cells_text(np.argwhere(boxes))}, "
+        f"Player {base.cells_text(np.argwhere(player))}, box {base.cells_text(np.argwhere(boxes))}, "
         f"target {base.cells_text(targets)}."
     )
     return solve(state, _EXPERT_DEPTH), thought
@@ -206,28 +204,26 @@ class Sokoban(base.Env):
   # ---------------------------------------------------------------- host side
 
   def render(self, state: SokobanState, fmt: str = "grid") -> str:
-    base.check_format(fmt)
-    fixed, boxes, player = (
-        np.asarray(x) for x in jax.device_get((state.fixed_HxW, state.boxes_HxW, state.player_rc))
-    )
-    target = fixed == TARGET
-    player_mask = np.zeros_like(boxes)
-    player_mask[player[0], player[1]] = True
-    if fmt == "grid":
-      return _grid_text(fixed, boxes, player_mask)
-    coord = base.coord_block(
-        self.dim_room,
-        [
-            ("Targets", target),
-            ("Boxes", boxes & ~target),
-            ("Boxes on target", boxes & target),
-            ("Player", player_mask & ~target),
-            ("Player on target", player_mask & target),
-        ],
-    )
-    if fmt == "coord":
-      return coord
-    return base.grid_coord(coord, _grid_text(fixed, boxes, player_mask))
+    return self._texts(base.one_row(state), fmt)[0]
+
+  def render_batch(self, states: SokobanState, rows, fmt: str = "grid") -> List[str]:
+    return self._texts(base.take_rows(states, rows), fmt)
+
+  def _texts(self, host: SokobanState, fmt: str) -> List[str]:
+    """RAGEN's texts for every row of a batched NumPy state, vectorised over the rows."""
+    fixed_RxHxW, boxes_RxHxW, player_RxHxW = _host_masks(host)
+    target = fixed_RxHxW == TARGET
+    symbols = np.where(fixed_RxHxW == WALL, "#", np.where(target, "O", "_"))
+    symbols = np.where(boxes_RxHxW, np.where(target, "√", "X"), symbols)
+    symbols = np.where(player_RxHxW, np.where(target, "S", "P"), symbols)
+    entries = [
+        ("Targets", target),
+        ("Boxes", boxes_RxHxW & ~target),
+        ("Boxes on target", boxes_RxHxW & target),
+        ("Player", player_RxHxW & ~target),
+        ("Player on target", player_RxHxW & target),
+    ]
+    return base.board_texts(fmt, symbols, entries)
 
   def from_text(self, text: str) -> SokobanState:
     grid = base.parse_grid(text, _SYMBOLS, self.name)
@@ -255,12 +251,12 @@ class Sokoban(base.Env):
     )
 
 
-def _grid_text(fixed: np.ndarray, boxes: np.ndarray, player: np.ndarray) -> str:
-  target = fixed == TARGET
-  sym = np.where(fixed == WALL, "#", np.where(target, "O", "_"))
-  sym = np.where(boxes, np.where(target, "√", "X"), sym)
-  sym = np.where(player, np.where(target, "S", "P"), sym)
-  return "\n".join("".join(row) for row in sym)
+def _host_masks(states: SokobanState) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(fixed, boxes, player) [R, H, W] of a batched host state, with NumPy: the `boxes_HxW`
+  property is jnp, which would send a host state to the device and back."""
+  fixed_RxHxW = np.asarray(states.fixed_HxW)
+  shape = fixed_RxHxW.shape[-2:]
+  return fixed_RxHxW, base.cell_masks(states.boxes_K, shape), base.cell_masks(states.player, shape)
 
 
 def solve(state: SokobanState, max_depth: int = 100) -> Optional[List[int]]:
@@ -270,8 +266,8 @@ def solve(state: SokobanState, max_depth: int = 100) -> Optional[List[int]]:
   second implementation. Returns [] for an already solved state and None when no solution of
   at most `max_depth` moves exists.
   """
-  fixed, boxes, player = jax.device_get((state.fixed_HxW, state.boxes_HxW, state.player_rc))
-  fixed = np.asarray(fixed)
+  fixed, boxes, player_HxW = (x[0] for x in _host_masks(base.one_row(state)))
+  player = np.argwhere(player_HxW)[0]
   h, w = fixed.shape
   walls = {(r, c) for r, c in np.argwhere(fixed == WALL)}
   targets = frozenset((int(r), int(c)) for r, c in np.argwhere(fixed == TARGET))
