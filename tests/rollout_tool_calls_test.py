@@ -266,12 +266,13 @@ def test_search_by_tool_calls_end_to_end(window):
 def test_without_tools_nothing_changes():
   """Tool-call text in a reply to an environment without tools is RAGEN's text form (here a
   missing <answer>: the format penalty), and sampling keeps the rollout's own stops."""
+  cfg = config(max_turns=1)
   result, options = play(
-      envs.make("search"), lambda plan, ep: call("search", {"query": "x"})[7:], config(max_turns=1)
+      envs.make("search"), lambda plan, ep: call("search", {"query": "x"})[7:], cfg
   )
-  (plain,) = options  # one turn, with the rollout's own stops
-  stops = plain.stop_token_ids + sum(plain.stop_sequences, ())
-  assert TOK.token_to_id("</tool_call>") not in stops and TOK.token_to_id("</answer>") in stops
+  own = rollout.Rollout(envs.make("search"), TOK, cfg)
+  own.close()
+  assert options == [own.options]
   ep = result.episodes[0]
   assert ep.turns[0].penalised and ep.turns[0].actions == () and ep.turns[0].tool_error == ""
   assert "# Tools" not in TOK.decode(ep.turns[0].context)
