@@ -40,6 +40,7 @@ from absl import flags
 from absl import logging
 import jax
 
+from ragen_jax import rollout
 from ragen_jax.config import cli
 from ragen_jax.config import schema
 from ragen_jax.rollout import api_policy
@@ -81,12 +82,17 @@ def evaluate(
     config: experiment config; None to use a training checkpoint's own.
     checkpoint: see the module doc; ignored when `model` is given.
     output: JSON-lines path, or None to write nothing.
-    model, tokenizer: an in-memory policy to evaluate instead of loading one.
+    model, tokenizer: an in-memory model to evaluate instead of loading one.
   """
   if model is None:
     model, tokenizer, config = load_policy(config, checkpoint)
+  return _validate(config, rollout.ModelPolicy(model), tokenizer, output)
+
+
+def _validate(config, policy, tokenizer, output: Optional[str]) -> Dict[str, Any]:
+  """Validation of a built policy (rollout.policies); writes the trajectories to `output`."""
   exp = schema.from_config(config)
-  metrics, episodes = validation.run(exp, validation.engines(exp, tokenizer), model)
+  metrics, episodes = validation.run(exp, validation.engines(exp, tokenizer), policy)
   metrics["val/num_episodes"] = len(episodes)
   if output:
     validation.write_jsonl(output, [ep.to_json() for ep in episodes])
@@ -112,7 +118,7 @@ def evaluate_api(config, output: Optional[str] = None) -> Dict[str, Any]:
   client = api_policy.ApiClient(exp.api)
   try:
     tokenizer = policy_lib.load_tokenizer(exp.model)
-    metrics = evaluate(config, output=output, model=client, tokenizer=tokenizer)
+    metrics = _validate(config, api_policy.ApiPolicy(client), tokenizer, output)
   finally:
     client.close()
   metrics.update({f"api/{name}": value for name, value in client.usage.items()})

@@ -24,7 +24,9 @@ def first_turns():
   rc = rollout_lib.RolloutConfig(
       **{**rc.__dict__, "env_groups": 6, "group_size": 2, "max_turns": 1, "max_new_tokens": 48}
   )
-  result = rollout_lib.Rollout(spec.make(), tok, rc).run(model, jax.random.key(0), seed=500)
+  result = rollout_lib.Rollout(spec.make(), tok, rc).run(
+      rollout_lib.ModelPolicy(model), jax.random.key(0), seed=500
+  )
   turns = diagnostics.collect_turns({"sokoban": result}, tok)
   return model, tok, turns
 

@@ -63,7 +63,7 @@ def test_logprobs_equal_a_full_forward_over_the_final_sequences(model, monkeypat
       sampling, "prefill_shared", lambda *a: shared.append(a[3].shape) or prefill_shared(*a)
   )
   engine = rollout.Rollout(envs.make("sokoban"), TOK, small_config())
-  result = engine.run(model, jax.random.key(1), seed=123)
+  result = engine.run(rollout.ModelPolicy(model), jax.random.key(1), seed=123)
   assert len(shared) == 1 and shared[0][0] == 1
   batch = result.batch
   tokens, mask = np.asarray(batch.tokens_BxT), np.asarray(batch.attention_mask_BxT)
@@ -90,7 +90,7 @@ def test_logprobs_equal_a_full_forward_over_the_final_sequences(model, monkeypat
 
 def test_groups_share_a_start_and_rewards_sit_on_the_last_trained_token(model):
   engine = rollout.Rollout(envs.make("sokoban"), TOK, small_config(max_turns=2))
-  result = engine.run(model, jax.random.key(2), seed=7)
+  result = engine.run(rollout.ModelPolicy(model), jax.random.key(2), seed=7)
   b = result.batch
   np.testing.assert_array_equal(np.asarray(b.group_ids_B), [0, 0, 1, 1])
   firsts = [ep.messages[1]["content"] for ep in result.episodes]
@@ -108,7 +108,7 @@ def test_groups_share_a_start_and_rewards_sit_on_the_last_trained_token(model):
 
 def test_context_limit_stops_before_a_turn_and_is_counted(model):
   probe = rollout.Rollout(envs.make("sokoban"), TOK, small_config(max_turns=1))
-  first = probe.run(model, jax.random.key(3), seed=5)
+  first = probe.run(rollout.ModelPolicy(model), jax.random.key(3), seed=5)
   prompt_len = int(
       np.asarray(first.batch.attention_mask_BxT).sum(1).max()
       - first.metrics["response_length"].min()
@@ -120,7 +120,7 @@ def test_context_limit_stops_before_a_turn_and_is_counted(model):
       envs.make("sokoban"), TOK, small_config(max_context=limit, max_turn_tokens=turn_cap)
   )
   assert engine.capacity == probe.capacity
-  result = engine.run(model, jax.random.key(3), seed=5)
+  result = engine.run(rollout.ModelPolicy(model), jax.random.key(3), seed=5)
   assert np.all(result.metrics["context_truncated"] == 1)
   assert np.all(result.metrics["num_turns"] == 1)
   loss = np.asarray(result.batch.loss_mask_BxT)
@@ -131,12 +131,12 @@ def test_context_limit_stops_before_a_turn_and_is_counted(model):
 
 def test_new_turns_and_batches_do_not_recompile(model):
   engine = rollout.Rollout(envs.make("sokoban"), TOK, small_config())
-  engine.run(model, jax.random.key(4), seed=11)
+  engine.run(rollout.ModelPolicy(model), jax.random.key(4), seed=11)
   programs = lambda: [
       f._cache_size() for f in (sampling._decode_jit, sampling.compact, sampling.prefill_shared)
   ]
   before = programs()
-  engine.run(model, jax.random.key(5), seed=11)
+  engine.run(rollout.ModelPolicy(model), jax.random.key(5), seed=11)
   assert programs() == before
 
 
@@ -145,7 +145,7 @@ def test_a_shared_prefix_plays_as_the_whole_prompts(model, monkeypatch):
   episodes, tokens and log-probs as each row prefilling its whole prompt (same key)."""
   config = small_config()
   play = lambda: rollout.Rollout(envs.make("sokoban"), TOK, config).run(
-      model, jax.random.key(6), seed=40
+      rollout.ModelPolicy(model), jax.random.key(6), seed=40
   )
   shared = play()
   monkeypatch.setattr(policies, "split_shared_prefix", lambda *a: None)
@@ -209,7 +209,9 @@ class Script:
 
 def scripted_run(monkeypatch, model, env, replies, config, seed):
   monkeypatch.setattr(sampling, "extend", Script(replies))
-  return rollout.Rollout(env, TOK, config).run(model, jax.random.key(0), seed=seed)
+  return rollout.Rollout(env, TOK, config).run(
+      rollout.ModelPolicy(model), jax.random.key(0), seed=seed
+  )
 
 
 def test_scripted_sokoban_solution_and_junk(monkeypatch, model):

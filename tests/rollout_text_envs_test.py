@@ -408,7 +408,7 @@ def test_a_host_environment_matches_the_jax_path_under_the_llm():
   results = []
   for env in (jax_env, host_env):
     engine = rollout.Rollout(env, TOK, cfg)
-    results.append(engine.run(model, jax.random.key(3), seed=40))
+    results.append(engine.run(rollout.ModelPolicy(model), jax.random.key(3), seed=40))
     engine.close()
   a, b = results
   assert [e.messages for e in a.episodes] == [e.messages for e in b.episodes]

@@ -1,6 +1,7 @@
 """Tool calls: declaring tools, parsing and checking a reply's call, and the whole path through
 the rollout engine with scripted replies and the real SearchQA and code environments."""
 
+import dataclasses
 import json
 
 from flax import nnx
@@ -170,21 +171,33 @@ def config(**overrides):
 class Recording(policies.ScriptedPolicy):
   """A scripted policy that also keeps each turn's sampling options."""
 
-  def __init__(self, *args):
-    super().__init__(*args)
+  def __init__(self, fn):
+    super().__init__(fn)
     self.options = []
+
+  def start(self, engine):
+    return RecordingTurns(super().start(engine), self.options)
+
+
+@dataclasses.dataclass
+class RecordingTurns:
+  turns: policies.ScriptedTurns
+  options: list
+
+  @property
+  def rows(self):
+    return self.turns.rows
 
   def respond(self, inputs):
     self.options.append(inputs.options)
-    return super().respond(inputs)
+    return self.turns.respond(inputs)
 
 
 def play(env, fn, cfg, seed=5):
   engine = rollout.Rollout(env, TOK, cfg)
-  policy = Recording(fn, TOK, cfg.max_new_tokens)
+  policy = Recording(fn)
   try:
-    rows = policies.Rows(0, engine.batch_size, engine.batch_size)
-    return engine._play(policy, jax.random.key(0), seed, rows), policy.options  # pylint: disable=protected-access
+    return engine.run(policy, jax.random.key(0), seed), policy.options
   finally:
     engine.close()
 
@@ -253,10 +266,13 @@ def test_search_by_tool_calls_end_to_end(window):
 def test_without_tools_nothing_changes():
   """Tool-call text in a reply to an environment without tools is RAGEN's text form (here a
   missing <answer>: the format penalty), and sampling keeps the rollout's own stops."""
+  cfg = config(max_turns=1)
   result, options = play(
-      envs.make("search"), lambda plan, ep: call("search", {"query": "x"})[7:], config(max_turns=1)
+      envs.make("search"), lambda plan, ep: call("search", {"query": "x"})[7:], cfg
   )
-  assert options == [None]
+  own = rollout.Rollout(envs.make("search"), TOK, cfg)
+  own.close()
+  assert options == [own.options]
   ep = result.episodes[0]
   assert ep.turns[0].penalised and ep.turns[0].actions == () and ep.turns[0].tool_error == ""
   assert "# Tools" not in TOK.decode(ep.turns[0].context)
@@ -338,7 +354,7 @@ def test_the_llm_samples_with_the_tool_call_stop(monkeypatch):
   cfg = config(group_size=1, max_turns=1, max_new_tokens=4, max_context=2048, max_turn_tokens=64)
   for tools in (True, False):
     engine = rollout.Rollout(envs.make("search", tools=tools), spm, cfg)
-    result = engine.run(model, jax.random.key(0), seed=0)
+    result = engine.run(rollout.ModelPolicy(model), jax.random.key(0), seed=0)
     engine.close()
     assert result.episodes[0].turns[0].penalised  # an empty reply
   with_tools, without = seen

@@ -61,7 +61,7 @@ def played(model):
   sampling.prefill = lambda *a: calls.append(a[2].shape) or prefill(*a)
   try:
     engine = rollout.Rollout(envs.make("sokoban"), TOK, config())
-    result = engine.run(model, jax.random.key(1), seed=123)
+    result = engine.run(rollout.ModelPolicy(model), jax.random.key(1), seed=123)
   finally:
     sampling.prefill = prefill
   return engine, result, calls

@@ -63,7 +63,7 @@ def run(mesh_shape, reference_batch=None):
   engine = rollout_lib.Rollout(spec.make(), tok, spec.rollout_config(exp.rollout, False), sharder)
   # Levels 10007-10008: one group mixes solved and failed episodes, so the advantages are not all
   # zero and the update compared below is a real one, not float noise around zero.
-  result = engine.run(model, jax.random.key(7), seed=10007)
+  result = engine.run(rollout_lib.ModelPolicy(model), jax.random.key(7), seed=10007)
   if np.ptp(result.metrics["return"]) < 1.0:
     raise SystemExit(
         "the rollout's returns barely differ: the update would be noise; pick other levels"

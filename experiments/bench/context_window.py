@@ -47,9 +47,9 @@ def play(model, tok, n, window, args):
       window_turns=window,
   )
   engine = rollout.Rollout(envs.make("2048"), tok, cfg)
-  engine.run(model, jax.random.key(0), seed=1)  # compiles
+  engine.run(rollout.ModelPolicy(model), jax.random.key(0), seed=1)  # compiles
   tic = time.perf_counter()
-  result = engine.run(model, jax.random.key(1), seed=1000)
+  result = engine.run(rollout.ModelPolicy(model), jax.random.key(1), seed=1000)
   seconds = time.perf_counter() - tic
   turns = result.metrics["num_turns"]
   if not np.all(turns == n):

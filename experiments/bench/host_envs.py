@@ -150,7 +150,7 @@ def clock_resets(engine):
 def timed_run(engine, reset_clock, model, seed):
   """One rollout: its summary's seconds, the turns the loop played, the conversations."""
   before = reset_clock[0]
-  result = engine.run(model, jax.random.key(0), seed=seed)
+  result = engine.run(rollout.ModelPolicy(model), jax.random.key(0), seed=seed)
   s = result.summary
   row = {k: s[k] for k in ("total_s", "decode_s", "env_s", "host_s", "generated_tokens")}
   row["reset_s"] = reset_clock[0] - before

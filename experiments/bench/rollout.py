@@ -40,10 +40,12 @@ def main():
       f"jax {jax.__version__} on {jax.devices()[0].device_kind}; {args.config}: "
       f"{engine.batch_size} episodes of {env.tag}, cache capacity {engine.capacity}"
   )
-  engine.run(model, jax.random.key(0), seed=1_000_000)  # compiles
+  engine.run(rollout_lib.ModelPolicy(model), jax.random.key(0), seed=1_000_000)  # compiles
   rates, row_use, decode_s = [], [], []
   for i in range(args.iters):
-    result = engine.run(model, jax.random.key(i + 1), seed=1_000_000 + 100 * (i + 1))
+    result = engine.run(
+        rollout_lib.ModelPolicy(model), jax.random.key(i + 1), seed=1_000_000 + 100 * (i + 1)
+    )
     s = result.summary
     decode_s.append(s["decode_s"])
     rates.append(s["generated_tokens"] / s["decode_s"])

@@ -211,9 +211,9 @@ def bench_rollout(model, new_tokens, context):
   )
   engine = rollout.Rollout(envs.make("sokoban"), tok, config)
   start = time.perf_counter()
-  engine.run(model, jax.random.key(0), seed=10000)  # compiles
+  engine.run(rollout.ModelPolicy(model), jax.random.key(0), seed=10000)  # compiles
   first = time.perf_counter() - start
-  result = engine.run(model, jax.random.key(1), seed=10008)
+  result = engine.run(rollout.ModelPolicy(model), jax.random.key(1), seed=10008)
   s = dict(result.summary)
   s["first_rollout_s"] = first
   s["episodes"] = engine.batch_size

@@ -2,7 +2,10 @@
 
     from ragen_jax import rollout
     engine = rollout.Rollout(env, tokenizer, rollout.RolloutConfig(env_groups=8, group_size=16))
-    result = engine.run(model, key, seed=10000)   # result.batch is a RolloutBatch
+    result = engine.run(rollout.ModelPolicy(model), key, seed=10000)   # .batch: a RolloutBatch
+
+The policy is built by the caller: `ModelPolicy(model)`, `ScriptedPolicy(fn)` or
+`api_policy.ApiPolicy(client)` (rollout.policies).
 
 Dimension legend: B episodes, T sequence tokens (see ragen_jax.batch).
 """
@@ -14,3 +17,5 @@ from ragen_jax.rollout.episodes import Episode
 from ragen_jax.rollout.episodes import RolloutConfig
 from ragen_jax.rollout.episodes import RolloutResult
 from ragen_jax.rollout.episodes import Turn
+from ragen_jax.rollout.policies import ModelPolicy
+from ragen_jax.rollout.policies import ScriptedPolicy

@@ -2,7 +2,7 @@
 
     client = ApiClient(ApiConfig(base_url="http://127.0.0.1:8000/v1", model="m",
                                  key_env="OPENAI_API_KEY"))
-    engine.run(client, key, seed)        # rollout.Rollout plays the batch through the endpoint
+    engine.run(ApiPolicy(client), key, seed)   # rollout.Rollout plays the batch through it
 
 Each turn every active episode's conversation (its chat messages; in a context-window mode the
 system message and the last k turns, without the environment's memory text) is sent as one
@@ -40,7 +40,7 @@ import numpy as np
 from ragen_jax.config_checks import check_fields, NonNegativeInt, PositiveFloat, PositiveInt
 from ragen_jax.envs.host.records import EnvFault
 from ragen_jax.rollout import prompts
-from ragen_jax.rollout.policies import Replies, TurnInputs
+from ragen_jax.rollout.policies import Replies, Rows, TurnInputs
 from ragen_jax.tokenizers import base as tok_base
 
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
@@ -160,20 +160,29 @@ def _retry_after(e: urllib.error.HTTPError, default: float, cap: float) -> float
 
 
 class ApiPolicy:
-  """A rollout's policy backed by an ApiClient (see the module doc); `rollout.Rollout.run`
-  makes one when it is given a client instead of a model."""
+  """The endpoint of an ApiClient answers every turn (see the module doc); every process plays
+  the whole batch, as with a scripted policy."""
 
-  def __init__(self, client: ApiClient, tokenizer, rollout_config):
+  def __init__(self, client: ApiClient):
+    self.client = client
+
+  def start(self, engine) -> "ApiTurns":
+    rows = Rows.whole(engine.batch_size)
+    return ApiTurns(self.client, engine.tok, engine.config, engine.layout, rows)
+
+
+class ApiTurns:
+  """The endpoint's play of one batch: a request per active episode and turn."""
+
+  def __init__(self, client: ApiClient, tokenizer, rollout_config, layout, rows: Rows):
     self.client, self.tok, self.rc = client, tokenizer, rollout_config
+    self.layout, self.rows = layout, rows
 
   def messages(self, ep) -> List[Dict[str, str]]:
-    """What the endpoint sees of the episode before its next reply."""
-    shown = ep.messages
-    if ep.window is not None:  # the system message and the last k turns (no memory text)
-      start = max(0, len(ep.turns) - ep.window)
-      shown = ep.messages[:1] + ep.messages[1 + 2 * start :]
+    """What the endpoint sees of the episode before its next reply (its context layout's
+    messages; a window's without the memory text)."""
     out = []
-    for m in shown:
+    for m in self.layout.shown_messages(ep):
       content = m["content"]
       if m["role"] == "assistant":  # a sampled end-of-turn marker is the template's to add
         content = content.removesuffix(tok_base.IM_END)
@@ -217,11 +226,4 @@ class ApiPolicy:
       except ApiFailure as e:
         self.client.count_failure()
         faults[i] = EnvFault("api", str(e))
-    b = len(inputs.active_B)
-    width = max([len(r) for r in replies.values()] + [1])
-    tokens_BxN = np.full((b, width), self.tok.pad_id, np.int32)
-    lengths_B = np.zeros((b,), np.int32)
-    for i, reply in replies.items():
-      tokens_BxN[i, : len(reply)] = reply
-      lengths_B[i] = len(reply)
-    return Replies(tokens_BxN, np.zeros(tokens_BxN.shape, np.float32), lengths_B, faults)
+    return Replies.of_host(replies, len(inputs.active_B), self.tok.pad_id, faults)

@@ -2,14 +2,15 @@
 
     from ragen_jax import rollout
     engine = rollout.Rollout(env, tokenizer, rollout.RolloutConfig(env_groups=8, group_size=16))
-    result = engine.run(model, key, seed=10000)
+    result = engine.run(rollout.ModelPolicy(model), key, seed=10000)
     result.batch     # ragen_jax.batch.RolloutBatch, one sequence per episode
     result.metrics   # per-episode numpy arrays; result.summary: batch means, pass@k
 
 The loop reads: reset the environments (rollout.env_batch), then per turn prompt (each active
-episode's new tokens), respond (a policy: the LLM appends them to its cache and decodes until
-every row stops, `sampling.extend`; or a scripted host policy), parse the replies, step the
-environments (a pure-JAX one in one jitted, vmapped call; text environments concurrently on
+episode's new tokens, as its context layout makes them: rollout.layouts), respond (the policy
+the caller built, rollout.policies: the LLM appends them to its cache and decodes until every
+row stops, `sampling.extend`; a scripted host policy; or an endpoint), parse the replies, step
+the environments (a pure-JAX one in one jitted, vmapped call; text environments concurrently on
 the host, rollout.env_batch), then build the batch from the episodes' typed turns.
 
 Environment faults (a text environment that raises, hangs past its step timeout or returns a
@@ -21,16 +22,16 @@ seed and traceback.
 The cache is never re-encoded: turn t appends only [last sampled token] + the turn-end and new
 user text, so prefill cost per turn is the new text, not the whole history (counted in
 `summary["prefill_tokens_append"]` vs `["prefill_tokens_reencode"]`), and what every first
-prompt shares (the system prompt) is prefilled once for the batch (`policies.LLMPolicy`; the
+prompt shares (the system prompt) is prefilled once for the batch (`policies.ModelTurns`; the
 counters count it per row). Text is tokenised per segment (prompt, then each appended user
 turn) and the sequence in `batch` is exactly what the cache saw. When a reply ends without
 `<|im_end|>` (stopped on `</answer>` or the token cap), the engine appends `<|im_end|>` itself;
 those appended tokens, like all user text, have loss mask 0. The trained tokens are exactly the
 sampled tokens.
 
-Context: when an episode's next turn would not fit `max_context` (history + new user turn +
-`max_new_tokens`), or one user turn exceeds `max_turn_tokens`, the episode stops before that
-turn (never mid-turn) and `context_truncated` is 1 for it. With a context window
+Context (rollout.layouts): when an episode's next turn would not fit `max_context` (history +
+new user turn + `max_new_tokens`), or one user turn exceeds `max_turn_tokens`, the episode stops
+before that turn (never mid-turn) and `context_truncated` is 1 for it. With a context window
 (`RolloutConfig.context_window`, rollout.windows) each turn's prompt is the system message, the
 last k turns and the current one instead, prefilled after the cached system slots into an
 emptied cache, and the batch holds one row per turn.
@@ -78,28 +79,34 @@ import jax
 import numpy as np
 
 from ragen_jax import distributed
-from ragen_jax import models
 from ragen_jax import sampling
 from ragen_jax.envs import tools as tools_lib
 from ragen_jax.envs.host.records import EnvFault
-from ragen_jax.rollout import api_policy
 from ragen_jax.rollout import env_batch
 from ragen_jax.rollout import episodes as episodes_lib
+from ragen_jax.rollout import layouts
 from ragen_jax.rollout import prompts
-from ragen_jax.rollout import windows
 from ragen_jax.rollout.episodes import Episode
 from ragen_jax.rollout.episodes import RolloutConfig
 from ragen_jax.rollout.episodes import RolloutResult
 from ragen_jax.rollout.episodes import Turn
-from ragen_jax.rollout.policies import LLMPolicy
-from ragen_jax.rollout.policies import Rows
+from ragen_jax.rollout.episodes import TurnPrompt
 from ragen_jax.rollout.policies import ScriptedPolicy
 from ragen_jax.rollout.policies import TurnInputs
 from ragen_jax.tokenizers import base as tok_base
 
+# The rollout's counters (`RolloutResult.summary`), summed over the batch's turns.
+COUNTERS = (
+    "prefill_tokens_append",
+    "prefill_tokens_reencode",
+    "prefill_slots",
+    "decode_steps",
+    "generated_tokens",
+)
+
 
 class Rollout:
-  """Plays `env_groups x group_size` episodes of `env` with an LLM; see the module doc.
+  """Plays `env_groups x group_size` episodes of `env` with a policy; see the module doc.
 
   `env` is a pure-JAX environment (`envs.Env`) or a text environment (`envs.HostEnv`).
   """
@@ -134,31 +141,77 @@ class Rollout:
         stop_sequences=(answer_end, tuple(tokenizer.encode(tools_lib.TOOL_CALL_CLOSE))),
     )
     self.envs = env_batch.make(env, c, self.batch_size, sharder)
-    self.memory = windows.memory_hook(env)  # window modes: text for the turns left out
+    self.layout = layouts.make(c, tokenizer, env)  # the context layout (full, or a window)
     self._logged_faults = set()  # fault kinds already logged with a traceback
 
   def close(self) -> None:
     """Ends a text environment's pool (its threads and worker processes)."""
     self.envs.close()
 
-  # ------------------------------------------------------------------ policies
+  # ------------------------------------------------------------------ the loop
 
-  def run(self, model: models.Qwen2, key: jax.Array, seed: int) -> RolloutResult:
-    """Plays one batch with `model`; group g starts from the level of seed `seed + g`.
+  def run(self, policy, key: jax.Array, seed: int) -> RolloutResult:
+    """Plays one batch with `policy`; group g starts from the level of seed `seed + g`.
 
-    `model` may instead be an `api_policy.ApiClient`: an OpenAI-compatible endpoint answers
-    (every process plays the whole batch, as with a scripted policy).
+    `policy` is built by the caller: `policies.ModelPolicy(model)` (this process plays its rows
+    of the batch), `policies.ScriptedPolicy(fn)` or `api_policy.ApiPolicy(client)` (every
+    process plays the whole batch). Reset, then per turn prompt, respond, parse, step; then the
+    batch (module doc). Host lists cover the episodes of the policy's rows only.
     """
-    if isinstance(model, api_policy.ApiClient):
-      policy = api_policy.ApiPolicy(model, self.tok, self.config)
-      return self._play(policy, key, seed, Rows(0, self.batch_size, self.batch_size))
-    rows = Rows(*self.rows, self.batch_size, self.sharder)
-    return self._play(LLMPolicy(model, self.capacity, self.options, rows), key, seed, rows)
+    c, turns, t_start = self.config, policy.start(self), time.perf_counter()
+    rows, timing, stats = turns.rows, {"decode_s": 0.0, "env_s": 0.0}, dict.fromkeys(COUNTERS, 0)
+    tic = time.perf_counter()
+    starts = self.envs.reset(seed, (rows.lo, rows.hi))
+    timing["env_s"] += time.perf_counter() - tic
+    eps = [self._open(seed, rows.lo + i, start) for i, start in enumerate(starts)]
+    (uses_tools,) = rows.agree_max([int(any(ep.tools for ep in eps))])
+    options = self.tool_options if uses_tools else self.options
+    turn_steps = []  # decode steps of each turn on this process (the call runs to the max)
+    for turn in range(1, c.max_turns + 1):
+      shown = {i: self._prompt(ep, turn) for i, ep in enumerate(eps) if not ep.done}
+      shown = {i: p for i, p in shown.items() if p is not None}  # the rest overflowed
+      # A process whose episodes have all ended still takes part, with no active row.
+      playing, longest = rows.agree_max(
+          [int(bool(shown)), max((len(p.chunk) for p in shown.values()), default=0)]
+      )
+      if not playing:
+        break
+      tic = time.perf_counter()
+      key, sub = jax.random.split(key)
+      replies = turns.respond(self._inputs(turn, shown, longest, eps, stats, options, sub))
+      timing["decode_s"] += time.perf_counter() - tic
+      turn_steps.append(int(replies.lengths_B.max()))
+      stats["generated_tokens"] += int(replies.lengths_B.sum())
+      actions = {}
+      for i, prompt in shown.items():
+        if i in replies.faults:  # the policy could not answer: the episode fails
+          self._fault(eps[i], replies.faults[i])
+          eps[i].done = True
+          continue
+        n = int(replies.lengths_B[i])
+        reply_N, logprobs_N = replies.tokens_BxN[i, :n], replies.logprobs_BxN[i, :n]
+        actions[i] = self._reply(eps[i], prompt, reply_N, logprobs_N)
+      tic = time.perf_counter()
+      for i, state_key in self.envs.state_keys(list(actions)).items():
+        eps[i].turns[-1].state_key = state_key  # the state the reply acts from (GiGPO)
+      key, sub = jax.random.split(key)
+      for i, outcome in self.envs.step(actions, sub).items():
+        self._outcome(eps[i], outcome, turn)
+      timing["env_s"] += time.perf_counter() - tic
+
+    eps, stats, turn_steps = rows.gather(eps, stats, turn_steps)
+    stats["decode_steps"] = sum(turn_steps)
+    result = episodes_lib.to_result(eps, c, self.layout, self.tok.pad_id, stats)
+    total = time.perf_counter() - t_start
+    host = total - timing["decode_s"] - timing["env_s"]
+    result.summary.update(timing, total_s=total, host_s=host)
+    return result
 
   def run_scripted(
       self, policy: Callable[[Any, Episode], str], key: jax.Array, seed: int
   ) -> RolloutResult:
-    """Plays one batch with a host-side `policy(state, episode) -> reply text`.
+    """`run(policies.ScriptedPolicy(policy), key, seed)`: a host-side
+    `policy(state, episode) -> reply text` plays the batch.
 
     The reply is the text after the generation prefix (e.g. "...</think><answer>Up</answer>");
     it is tokenised and recorded exactly as sampled tokens would be (log-probs 0), so the
@@ -169,94 +222,7 @@ class Rollout:
     generator in episode order, so splitting the episodes would change the draws; no model
     runs, so the repeated work is cheap.
     """
-    scripted = ScriptedPolicy(policy, self.tok, self.config.max_new_tokens)
-    return self._play(scripted, key, seed, Rows(0, self.batch_size, self.batch_size))
-
-  # ------------------------------------------------------------------ the loop
-
-  def _play(self, policy, key: jax.Array, seed: int, rows: Rows) -> RolloutResult:
-    """reset, then per turn prompt, respond, parse, step; then the batch (module doc).
-
-    Host lists cover the episodes of `rows` only: this process's share of a split batch, or
-    the whole batch.
-    """
-    c = self.config
-    t_start = time.perf_counter()
-    timing = {"decode_s": 0.0, "env_s": 0.0}
-    stats = dict(
-        prefill_tokens_append=0,
-        prefill_tokens_reencode=0,
-        prefill_slots=0,
-        decode_steps=0,
-        generated_tokens=0,
-    )
-    tic = time.perf_counter()
-    starts = self.envs.reset(seed, (rows.lo, rows.hi))
-    timing["env_s"] += time.perf_counter() - tic
-    eps = [self._open(seed, rows.lo + i, start) for i, start in enumerate(starts)]
-    prefix = self._prefix(eps, rows) if c.window is not None else None
-    (uses_tools,) = rows.agree_max([int(any(ep.tools for ep in eps))])
-    turn_steps = []  # decode steps of each turn on this process (the call runs to the max)
-    for turn in range(1, c.max_turns + 1):
-      if c.window is None:
-        contexts = {i: self._prompt(ep, turn) for i, ep in enumerate(eps) if not ep.done}
-      else:
-        shown = {i: self._window_prompt(ep, turn) for i, ep in enumerate(eps) if not ep.done}
-        contexts = {i: w.ids for i, w in shown.items() if w is not None}
-      contexts = {i: x for i, x in contexts.items() if not eps[i].done}  # none overflowed
-      # Full context appends the new tokens to the cache; a window prefills its prompt after
-      # the cached system message.
-      chunks = {i: x[len(eps[i].prefix) :] for i, x in contexts.items()}
-      # A process whose episodes have all ended still takes part, with no active row.
-      playing, longest = rows.agree_max(
-          [int(bool(chunks)), max((len(x) for x in chunks.values()), default=0)]
-      )
-      if not playing:
-        break
-      inputs = self._inputs(turn, chunks, longest, eps, stats)
-      inputs.prefix = prefix
-      inputs.options = self.tool_options if uses_tools else None
-      tic = time.perf_counter()
-      key, inputs.key = jax.random.split(key)
-      replies = policy.respond(inputs)
-      timing["decode_s"] += time.perf_counter() - tic
-      turn_steps.append(int(replies.lengths_B.max()))
-      stats["generated_tokens"] += int(replies.lengths_B.sum())
-      actions = {}
-      for i, context in contexts.items():
-        if i in replies.faults:  # the policy could not answer: the episode fails
-          self._fault(eps[i], replies.faults[i])
-          eps[i].done = True
-          continue
-        n = int(replies.lengths_B[i])
-        actions[i] = self._reply(
-            eps[i],
-            context[1:] if turn > 1 and c.window is None else context,
-            replies.tokens_BxN[i, :n],
-            replies.logprobs_BxN[i, :n],
-        )
-        if c.window is not None:
-          eps[i].turns[-1].shown_from, eps[i].turns[-1].memory = (
-              shown[i].shown_from,
-              shown[i].memory,
-          )
-      tic = time.perf_counter()
-      for i, state_key in self.envs.state_keys(list(actions)).items():
-        eps[i].turns[-1].state_key = state_key  # the state the reply acts from (GiGPO)
-      key, sub = jax.random.split(key)
-      outcomes = self.envs.step(actions, sub)
-      for i, outcome in outcomes.items():
-        self._outcome(eps[i], outcome, turn)
-      timing["env_s"] += time.perf_counter() - tic
-
-    eps, stats, turn_steps = rows.gather(eps, stats, turn_steps)
-    stats["decode_steps"] = sum(turn_steps)
-    result = episodes_lib.to_result(eps, self.config, self.tok.pad_id, stats)
-    total = time.perf_counter() - t_start
-    result.summary.update(timing)
-    result.summary["total_s"] = total
-    result.summary["host_s"] = total - timing["decode_s"] - timing["env_s"]
-    return result
+    return self.run(ScriptedPolicy(policy), key, seed)
 
   # ------------------------------------------------------------------ the steps of a turn
 
@@ -290,26 +256,12 @@ class Rollout:
         c.max_actions_per_traj,
         per_turn,
         observation=start.observation,
-        window=c.window,
+        window=self.layout.window,
         tools=start.tools,
         **place,
     )
-    if c.window is not None:
-      ep.prefix = windows.system_ids(ep, self.tok)
+    ep.prefix = self.layout.system_prefix(ep)
     return ep
-
-  def _prefix(self, eps: List[Episode], rows: Rows):
-    """Window modes: the episodes' system-message tokens (TurnInputs.prefix), left-padded to
-    a width every process agrees on."""
-    (longest,) = rows.agree_max([max((len(ep.prefix) for ep in eps), default=0)])
-    width = sampling.bucket(max(longest, 1))
-    ids_BxP = np.full((len(eps), width), self.tok.pad_id, np.int32)
-    mask_BxP = np.zeros((len(eps), width), np.int32)
-    for i, ep in enumerate(eps):
-      if ep.prefix:
-        ids_BxP[i, width - len(ep.prefix) :] = ep.prefix
-        mask_BxP[i, width - len(ep.prefix) :] = 1
-    return ids_BxP, mask_BxP
 
   def _user_turn(self, ep: Episode, turn: int) -> str:
     c = self.config
@@ -324,89 +276,44 @@ class Rollout:
         bool(ep.tools),
     )
 
-  def _prompt(self, ep: Episode, turn: int) -> List[int]:
-    """The tokens appended before turn `turn`: the first prompt, or [last token] + the closing
-    of the last reply + reward + user text. An episode whose turn would overflow stops."""
-    c, tok = self.config, self.tok
-    user = self._user_turn(ep, turn)
-    if turn == 1:
-      ep.messages.append({"role": "user", "content": user})
-      prompt = tok.apply_chat_template(ep.messages, True, ep.tool_schemas)
-      chunk = tok.encode(prompt + prompts.generation_prefix(c.enable_think))
-      if len(chunk) + c.max_new_tokens > c.max_context:
-        raise ValueError(
-            f"the first prompt ({len(chunk)} tokens) plus max_new_tokens "
-            f"exceeds max_context={c.max_context}"
-        )
-      return chunk
-    closed = ep.last_token == tok.eos_id
-    chunk = tok.encode(
-        ("" if closed else tok_base.IM_END) + "\n" + self._user_message(ep.pending + user)
-    )
-    if len(chunk) > c.max_turn_tokens or len(ep.tokens()) + len(chunk) + c.max_new_tokens > (
-        c.max_context
-    ):
-      ep.done, ep.context_truncated = True, True
-      return []
-    ep.messages.append({"role": "user", "content": ep.pending + user})
-    return [ep.last_token] + chunk
+  def _prompt(self, ep: Episode, turn: int) -> TurnPrompt | None:
+    """The episode's next turn as its context layout makes it (the reward text of the last turn
+    opens the user message); None: the turn cannot fit and the episode stops before it."""
+    return self.layout.prompt(ep, turn, ep.pending + self._user_turn(ep, turn))
 
-  def _user_message(self, content: str) -> str:
-    """A user message and the opening of the reply after it (ChatML and the generation prefix)."""
-    return (
-        f"{tok_base.IM_START}user\n{content}{tok_base.IM_END}\n{tok_base.IM_START}assistant\n"
-        + prompts.generation_prefix(self.config.enable_think)
-    )
-
-  def _window_prompt(self, ep: Episode, turn: int) -> windows.WindowPrompt | None:
-    """Window modes: the whole prompt of turn `turn` (rollout.windows); an episode whose turn
-    cannot fit stops before it (None)."""
-    c, tok = self.config, self.tok
-    user = (ep.pending if turn > 1 else "") + self._user_turn(ep, turn)
-    window = windows.prompt(ep, user, tok, c, self.memory)
-    own = tok.encode(self._user_message(user))
-    if window is None or len(own) > c.max_turn_tokens:
-      if turn == 1:
-        raise ValueError(
-            f"the first prompt plus max_new_tokens exceeds max_context={c.max_context} (or its "
-            f"user turn exceeds max_turn_tokens={c.max_turn_tokens})"
-        )
-      ep.done, ep.context_truncated = True, True
-      return None
-    if windows.prefix_length(window.ids, ep.prefix) != len(ep.prefix):
-      raise ValueError(
-          "the tokenizer's chat template does not render the system message as a prefix of "
-          "every prompt, which window modes need (the cached system slots)"
-      )
-    ep.messages.append({"role": "user", "content": user})
-    return window
-
-  def _inputs(self, turn: int, chunks: Dict[int, List[int]], longest: int, eps, stats):
-    """The turn's appended tokens (TurnInputs), left-padded to the bucket of `longest`, the
-    longest chunk of any process."""
+  def _inputs(
+      self, turn: int, shown: Dict[int, TurnPrompt], longest: int, eps, stats, options, key
+  ):
+    """The turn's request (TurnInputs): the appended chunks, left-padded to the bucket of
+    `longest`, the longest chunk of any process."""
     b = len(eps)
     width = sampling.bucket(longest)
     ids_BxC = np.full((b, width), self.tok.pad_id, np.int32)
     mask_BxC = np.zeros((b, width), np.int32)
     active_B = np.zeros((b,), bool)
-    for i, chunk in chunks.items():
+    for i, prompt in shown.items():
+      chunk = prompt.chunk
       ids_BxC[i, width - len(chunk) :] = chunk
       mask_BxC[i, width - len(chunk) :] = 1
       active_B[i] = True
       stats["prefill_tokens_append"] += len(chunk)
-      if eps[i].window is None:  # what re-encoding the whole sequence would cost
-        stats["prefill_tokens_reencode"] += len(eps[i].tokens()) + len(chunk) - (turn > 1)
-      else:  # what prefilling the whole prompt would cost
-        stats["prefill_tokens_reencode"] += len(eps[i].prefix) + len(chunk)
+      stats["prefill_tokens_reencode"] += prompt.seen  # what prefilling it all would cost
     stats["prefill_slots"] += self.batch_size * width
-    return TurnInputs(turn, ids_BxC, mask_BxC, active_B, eps, self.envs.states, None, None)
+    return TurnInputs(turn, ids_BxC, mask_BxC, active_B, eps, self.envs.states, key, options)
 
-  def _reply(self, ep: Episode, context, tokens_N, logprobs_N) -> List[str]:
+  def _reply(self, ep: Episode, prompt: TurnPrompt, tokens_N, logprobs_N) -> List[str]:
     """Records the reply as a new turn; returns the actions it names (canonical names, or the
     free-text answers), within the episode's action budget."""
     c = self.config
     reply = prompts.generation_prefix(c.enable_think) + self.tok.decode(tokens_N)
-    turn = Turn(list(context), tokens_N.tolist(), logprobs_N.tolist(), text=reply)
+    turn = Turn(
+        list(prompt.context),
+        tokens_N.tolist(),
+        logprobs_N.tolist(),
+        text=reply,
+        shown_from=prompt.shown_from,
+        memory=prompt.memory,
+    )
     ep.turns.append(turn)
     ep.messages.append({"role": "assistant", "content": reply})
     tool = prompts.parse_tool_call(reply, ep.tools, c.enable_think) if ep.tools else None

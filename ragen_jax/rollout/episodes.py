@@ -16,7 +16,6 @@ from ragen_jax.config_checks import check_fields, FiniteFloat, PositiveFloat
 from ragen_jax.config_checks import NonNegativeInt, OneOf, PositiveInt, Range
 from ragen_jax.rollout import prompts
 from ragen_jax.rollout import state_keys
-from ragen_jax.rollout import windows
 
 # full: one append-only sequence per episode; last_k: the system message, the last k turns
 # and the current observation; single_turn: k = 0. In the window modes every turn is its own
@@ -156,6 +155,17 @@ class Turn:
     return not self.penalised and self.env_valid
 
 
+@dataclasses.dataclass(frozen=True)
+class TurnPrompt:
+  """What a context layout (rollout.layouts) makes of an episode's next turn."""
+
+  chunk: List[int]  # appended to the cache after the episode's cached system tokens
+  context: List[int]  # what the turn records before its reply (Turn.context)
+  seen: int  # tokens the reply is sampled after (what re-encoding them all would prefill)
+  shown_from: int = 0  # window layouts: the first earlier turn shown (0-based)
+  memory: str = ""  # window layouts: the memory text standing in for the turns left out
+
+
 @dataclasses.dataclass
 class Episode:
   """Host record of one episode: its conversation and its typed turns (`to_json()`: the JSON
@@ -274,8 +284,9 @@ class RolloutResult:
   episodes: List[Episode]  # typed host records (Episode.to_json: what files hold)
 
 
-def to_result(eps: List[Episode], c: RolloutConfig, pad_id: int, stats: Dict[str, int]):
-  """The RolloutResult of a batch's episodes: the training batch and metrics."""
+def to_result(eps: List[Episode], c: RolloutConfig, layout, pad_id: int, stats: Dict[str, int]):
+  """The RolloutResult of a batch's episodes: the training batch in the rows of `layout`
+  (rollout.layouts), and metrics."""
   group_ids = np.array([ep.group_id for ep in eps], np.int32)
   scores = np.array([ep.score for ep in eps], np.float32)
   failed = np.array([bool(ep.env_error) for ep in eps])
@@ -283,15 +294,10 @@ def to_result(eps: List[Episode], c: RolloutConfig, pad_id: int, stats: Dict[str
   for g in np.unique(group_ids[failed]):
     healthy = (group_ids == g) & ~failed
     scores[(group_ids == g) & failed] = scores[healthy].mean() if healthy.any() else 0.0
-  if c.window is None:
-    arrays, width = sequence_rows(eps, c.use_turn_scores, pad_id, failed)
-    turns = turn_batch(eps, c.max_turns, failed, sequence_token_turns(eps, width, failed))
-    row_episodes_R = None
-  else:
-    arrays, token_turns_RxT, row_episodes_R = windows.rows(
-        eps, c.max_turns, pad_id, failed, c.use_turn_scores
-    )
-    turns = turn_batch(eps, c.max_turns, failed, token_turns_RxT)
+  arrays, token_turns, row_episodes_R = layout.rows(
+      eps, c.max_turns, pad_id, failed, c.use_turn_scores
+  )
+  turns = turn_batch(eps, c.max_turns, failed, token_turns)
   metrics = episode_metrics(eps)
   # A host (numpy) batch: the trainer joins the tags' batches and places the result once.
   batch = RolloutBatch(
@@ -312,35 +318,15 @@ def to_result(eps: List[Episode], c: RolloutConfig, pad_id: int, stats: Dict[str
   return RolloutResult(batch, metrics, summary, eps)
 
 
-def sequence_rows(eps: List[Episode], use_turn_scores: bool, pad_id: int, failed: np.ndarray):
-  """The sequence layout (full context): one left-padded row per episode; ({name: [B, T]}, T)."""
-  b = len(eps)
-  lists = [ep.arrays(use_turn_scores) for ep in eps]
-  width = sampling.bucket(max(max(len(r["tokens"]) for r in lists), 1))
-  arrays = windows.empty_rows(b, width, pad_id)
-  for i, r in enumerate(lists):
-    n = len(r["tokens"])
-    if failed[i]:  # no training signal; one attended token keeps attention well defined
-      arrays["mask"][i, width - max(n, 1) :] = 1
-      arrays["tokens"][i, width - n :] = r["tokens"]
-      continue
-    for name in ("tokens", "loss", "logprobs", "rewards"):
-      arrays[name][i, width - n :] = r[name]
-    arrays["mask"][i, width - n :] = 1
-  return arrays, width
-
-
-def sequence_token_turns(eps: List[Episode], width: int, failed: np.ndarray) -> np.ndarray:
-  """[B, T]: the turn of each sampled token of the sequence layout (right-aligned rows); -1
-  elsewhere and on a failed episode's row."""
-  token_turns_BxT = np.full((len(eps), width), -1, np.int32)
-  for i, ep in enumerate(eps):
-    if failed[i]:
-      continue
-    offset = width - len(ep.tokens())
-    for j, (turn, start) in enumerate(zip(ep.turns, ep.reply_starts())):
-      token_turns_BxT[i, offset + start : offset + start + len(turn.reply)] = j
-  return token_turns_BxT
+def empty_rows(rows: int, width: int, pad_id: int) -> Dict[str, np.ndarray]:
+  """The token arrays of a batch layout ({name: [rows, width]}), all padding."""
+  return {
+      "tokens": np.full((rows, width), pad_id, np.int32),
+      "mask": np.zeros((rows, width), np.int32),
+      "loss": np.zeros((rows, width), np.int32),
+      "logprobs": np.zeros((rows, width), np.float32),
+      "rewards": np.zeros((rows, width), np.float32),
+  }
 
 
 def turn_batch(eps: List[Episode], k: int, failed: np.ndarray, token_turns) -> TurnBatch:

@@ -1,12 +1,16 @@
-"""Who answers each turn: the LLM over its growing KV cache, or a scripted host policy.
+"""Who answers each turn: the model over its growing KV cache, a scripted host policy, or an
+endpoint (rollout.api_policy). The caller builds the policy; the rollout starts it on its batch.
 
-    policy.respond(TurnInputs(...)) -> Replies(tokens_BxN, logprobs_BxN, lengths_B)
+    engine.run(ModelPolicy(model), key, seed)        # or ScriptedPolicy(fn), api_policy.ApiPolicy
+    turns = policy.start(engine)                      # the policy's play of one batch
+    turns.rows                                        # the episodes this process answers for
+    turns.respond(TurnInputs(...)) -> Replies(tokens_BxN, logprobs_BxN, lengths_B)
 
-Both take this process's rows of the turn's appended tokens and return numpy replies for them.
+Every kind takes its rows of the turn's appended tokens and returns numpy replies for them.
 `Rows` is the multi-process split of the batch; on one process it is the identity.
 
 Dimension legend: B episodes (this process's rows), C appended chunk length, N reply tokens,
-S cache capacity.
+P system tokens, S cache capacity.
 """
 
 import dataclasses
@@ -31,6 +35,11 @@ class Rows:
   hi: int
   total: int
   sharder: Any = None
+
+  @classmethod
+  def whole(cls, total: int) -> "Rows":
+    """Every episode of the batch (a host policy: every process plays all of it)."""
+    return cls(0, total, total)
 
   @property
   def split(self) -> bool:
@@ -85,12 +94,9 @@ class TurnInputs:
   episodes: List[Episode]
   states: Callable[[Sequence[int]], Dict[int, Any]]  # episodes' states (rollout.env_batch)
   key: jax.Array
-  # Window modes: the rows' system-message tokens (ids_BxP, mask_BxP), whose slots open every
-  # turn's cache, ids_BxC being the rest of each prompt; None: ids_BxC extends the cache.
-  prefix: Any = None
-  # The rollout's sampling options when they are not the policy's own (an environment with
-  # tools also stops at "</tool_call>"); None: the policy's.
-  options: Any = None
+  # The batch's sampling options, for plain and tool turns alike (with tools declared, a reply
+  # also stops at "</tool_call>").
+  options: sampling.SamplingOptions
 
 
 @dataclasses.dataclass
@@ -102,42 +108,48 @@ class Replies:
   # envs.host.records.EnvFault; the episode ends as on an environment fault.
   faults: Dict[int, Any] = dataclasses.field(default_factory=dict)
 
+  @classmethod
+  def of_host(cls, replies: Dict[int, List[int]], b: int, pad_id: int, faults=None) -> "Replies":
+    """Host-made replies {row: tokens}, recorded as sampled tokens with log-prob 0."""
+    width = max([len(r) for r in replies.values()] + [1])
+    tokens_BxN = np.full((b, width), pad_id, np.int32)
+    lengths_B = np.zeros((b,), np.int32)
+    for i, reply in replies.items():
+      tokens_BxN[i, : len(reply)] = reply
+      lengths_B[i] = len(reply)
+    return cls(tokens_BxN, np.zeros(tokens_BxN.shape, np.float32), lengths_B, faults or {})
 
-class LLMPolicy:
-  """Samples with `model`; owns the batch's KV cache, which grows turn by turn."""
 
-  def __init__(
-      self, model: models.Qwen2, capacity: int, options: sampling.SamplingOptions, rows: Rows
-  ):
+class ModelPolicy:
+  """The model answers every turn, sampling over a KV cache of this process's rows."""
+
+  def __init__(self, model: models.Qwen2):
+    self.model = model
+
+  def start(self, engine) -> "ModelTurns":
+    rows = Rows(*engine.rows, engine.batch_size, engine.sharder)
+    return ModelTurns(self.model, engine.capacity, rows, engine.layout)
+
+
+class ModelTurns:
+  """The model's play of one batch: it owns the batch's KV cache, which the context layout
+  (rollout.layouts) grows turn by turn or reopens each turn."""
+
+  def __init__(self, model: models.Qwen2, capacity: int, rows: Rows, layout):
     self.graphdef, self.params = nnx.split(model)
-    self.capacity, self.options, self.rows = capacity, options, rows
+    self.capacity, self.rows, self.layout = capacity, rows, layout
     self.cache = models.init_cache(model.config, rows.total, capacity)
-    self._prefix_cache = None  # window modes: the system message's slots (`_system`)
+    self._system_cache = None  # window layouts: the system message's slots
     if rows.sharder is not None:
       self.cache = jax.device_put(self.cache, rows.sharder.cache(self.cache))
 
   def respond(self, inputs: TurnInputs) -> Replies:
-    options = inputs.options or self.options
+    options = inputs.options
     # This process's rows -> the global batch (unchanged on a single process).
     ids_BxC, mask_BxC, active_B = (
         self.rows.to_global(x) for x in (inputs.ids_BxC, inputs.mask_BxC, inputs.active_B)
     )
-    if inputs.prefix is not None:  # a window: an empty cache opened by the system slots
-      self.cache = sampling.restore_prefix(self.cache, self._system(inputs.prefix))
-    elif inputs.turn > 1:
-      self.cache = sampling.compact(self.cache, jnp.asarray(active_B))
-    elif not self.rows.split:  # a split batch's other rows are not on this host to compare
-      shared = split_shared_prefix(ids_BxC, mask_BxC, active_B, self.options.pad_id)
-      if shared is not None:
-        prefix_1xP, prefix_mask_1xP, ids_BxC, mask_BxC = shared
-        self.cache = sampling.prefill_shared(
-            self.graphdef,
-            self.params,
-            self.cache,
-            prefix_1xP,
-            prefix_mask_1xP,
-            jnp.asarray(active_B),
-        )
+    ids_BxC, mask_BxC = self.layout.ready_cache(self, inputs, ids_BxC, mask_BxC, active_B)
     # The context check guarantees the fit; extend() raises loudly otherwise.
     window = sampling.window_for(
         int(self.cache.end_index) + ids_BxC.shape[1] + options.max_new_tokens,
@@ -156,18 +168,38 @@ class LLMPolicy:
     )
     return Replies(*self.rows.to_local(out))
 
-  def _system(self, prefix):
-    """The system message's keys and values (window modes), prefilled on the first turn: one
-    row when every row holds the same tokens, else one per row."""
-    if self._prefix_cache is None:
-      ids_BxP, mask_BxP = prefix
-      shared = not self.rows.split and bool(np.all(ids_BxP == ids_BxP[:1]))
-      if shared:
-        ids_BxP, mask_BxP = ids_BxP[:1], mask_BxP[:1]
-      else:
-        ids_BxP, mask_BxP = self.rows.to_global(ids_BxP), self.rows.to_global(mask_BxP)
-      self._prefix_cache = sampling.prefill(self.graphdef, self.params, ids_BxP, mask_BxP)
-    return self._prefix_cache
+  def grow(self, inputs: TurnInputs, ids_BxC, mask_BxC, active_B):
+    """Full context: the rows' chunks extend the cache, after the holes of stopped rows close;
+    on the first turn, what every prompt shares is prefilled once. Returns the chunks left."""
+    if inputs.turn > 1:
+      self.cache = sampling.compact(self.cache, jnp.asarray(active_B))
+    elif not self.rows.split:  # a split batch's other rows are not on this host to compare
+      shared = split_shared_prefix(ids_BxC, mask_BxC, active_B, inputs.options.pad_id)
+      if shared is not None:
+        prefix_1xP, prefix_mask_1xP, ids_BxC, mask_BxC = shared
+        self.cache = sampling.prefill_shared(
+            self.graphdef,
+            self.params,
+            self.cache,
+            prefix_1xP,
+            prefix_mask_1xP,
+            jnp.asarray(active_B),
+        )
+    return ids_BxC, mask_BxC
+
+  def prefill_system(self, ids_BxP, mask_BxP) -> None:
+    """Window layouts: the system message's keys and values, prefilled once: one row when every
+    row holds the same tokens, else one per row."""
+    shared = not self.rows.split and bool(np.all(ids_BxP == ids_BxP[:1]))
+    if shared:
+      ids_BxP, mask_BxP = ids_BxP[:1], mask_BxP[:1]
+    else:
+      ids_BxP, mask_BxP = self.rows.to_global(ids_BxP), self.rows.to_global(mask_BxP)
+    self._system_cache = sampling.prefill(self.graphdef, self.params, ids_BxP, mask_BxP)
+
+  def restore_system(self) -> None:
+    """Window layouts: an emptied cache opened by the system message's slots."""
+    self.cache = sampling.restore_prefix(self.cache, self._system_cache)
 
 
 def split_shared_prefix(ids_BxC, mask_BxC, active_B, pad_id: int, min_prefix: int = 64):
@@ -212,23 +244,33 @@ def split_shared_prefix(ids_BxC, mask_BxC, active_B, pad_id: int, min_prefix: in
 
 class ScriptedPolicy:
   """Host replies `fn(state, episode) -> text` after the generation prefix, tokenised and
-  recorded as sampled tokens with log-prob 0 (a supervised demonstration)."""
+  recorded as sampled tokens with log-prob 0 (a supervised demonstration); see
+  `Rollout.run_scripted`."""
 
-  def __init__(self, fn: Callable[[Any, Episode], str], tokenizer, max_new_tokens: int):
-    self.fn, self.tok, self.max_new_tokens = fn, tokenizer, max_new_tokens
+  def __init__(self, fn: Callable[[Any, Episode], str]):
+    self.fn = fn
+
+  def start(self, engine) -> "ScriptedTurns":
+    rows = Rows.whole(engine.batch_size)
+    return ScriptedTurns(self.fn, engine.tok, engine.config.max_new_tokens, rows)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptedTurns:
+  """A scripted policy's play of one batch (every episode of it)."""
+
+  fn: Callable[[Any, Episode], str]
+  tok: Any
+  max_new_tokens: int
+  rows: Rows
 
   def respond(self, inputs: TurnInputs) -> Replies:
     active = [int(i) for i in np.flatnonzero(inputs.active_B)]
     states = inputs.states(active)
     replies = {i: self.tok.encode(self.fn(states[i], inputs.episodes[i])) for i in active}
-    width = max(max((len(r) for r in replies.values()), default=1), 1)
+    width = max([len(r) for r in replies.values()] + [1])
     if width > self.max_new_tokens:
       raise ValueError(
           f"a scripted reply has {width} tokens, more than max_new_tokens={self.max_new_tokens}"
       )
-    tokens_BxN = np.full((len(inputs.active_B), width), self.tok.pad_id, np.int32)
-    lengths_B = np.zeros((len(inputs.active_B),), np.int32)
-    for i, reply in replies.items():
-      tokens_BxN[i, : len(reply)] = reply
-      lengths_B[i] = len(reply)
-    return Replies(tokens_BxN, np.zeros(tokens_BxN.shape, np.float32), lengths_B)
+    return Replies.of_host(replies, len(inputs.active_B), self.tok.pad_id)

@@ -33,6 +33,7 @@ import re
 from typing import Dict, Optional, Sequence, Tuple
 
 from ragen_jax.envs import tools as tools_lib
+from ragen_jax.tokenizers import base as tok_base
 
 PROMPT_STYLES = ("ragen", "compact")
 SPECIAL_TOKENS = ("<think>", "</think>", "<answer>", "</answer>", "<|im_start|>", "<|im_end|>")
@@ -108,6 +109,14 @@ def reward_prompt(reward: float) -> str:
 def generation_prefix(enable_think: bool = True) -> str:
   """Text the assistant turn starts with; generation continues after it."""
   return "<think>" if enable_think else "<answer>"
+
+
+def user_message(content: str, enable_think: bool = True) -> str:
+  """A user message and the opening of the reply after it (ChatML and the generation prefix)."""
+  return (
+      f"{tok_base.IM_START}user\n{content}{tok_base.IM_END}\n{tok_base.IM_START}assistant\n"
+      + generation_prefix(enable_think)
+  )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,7 @@ current turn alone does not fit, or whose user turn exceeds `max_turn_tokens`, s
 turn (`context_truncated`), as in full mode.
 
 The KV cache is rebuilt every turn: the system message's slots, prefilled once per batch when
-every episode shares it (else once per episode, `policies.LLMPolicy`), are copied into an empty
+every episode shares it (else once per episode, `policies.ModelTurns`), are copied into an empty
 cache and each row's rest of the prompt is prefilled after them. Its size is the window's, not
 the episode's: a 200-turn episode needs the cache of a short one.
 
@@ -24,26 +24,23 @@ tokens the sampler saw followed by the reply (loss mask on the reply); rows of t
 (scores, group ids, the per-turn records) stay per episode; advantages are computed per episode
 or per turn and read by each row through `row_episodes_R` (ragen_jax.algos.train_step).
 
-Dimension legend: B episodes, K turns (max_turns), R = B·K rows, T tokens of a row.
+`Window` is this layout of rollout.layouts (the other is the full context).
+
+Dimension legend: B episodes, K turns (max_turns), R = B·K rows, T tokens of a row, P system
+tokens.
 """
 
-import dataclasses
 from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from ragen_jax import sampling
 from ragen_jax.rollout import prompts
+from ragen_jax.rollout.episodes import empty_rows
+from ragen_jax.rollout.episodes import TurnPrompt
 
 Message = Dict[str, str]
 Memory = Callable[[Sequence[Message]], str]
-
-
-@dataclasses.dataclass(frozen=True)
-class WindowPrompt:
-  ids: List[int]  # the whole prompt, generation prefix included
-  shown_from: int  # the first earlier turn shown (0-based); = turns played when none
-  memory: str  # the memory text standing in for turns 0 .. shown_from - 1 ("" if none)
 
 
 def memory_hook(env) -> Optional[Memory]:
@@ -56,33 +53,107 @@ def memory_hook(env) -> Optional[Memory]:
   return hook if callable(hook) else None
 
 
-def prompt(ep, user: str, tok, config, memory: Optional[Memory]) -> Optional[WindowPrompt]:
-  """The prompt of the episode's next turn, whose user message is `user`; None if it cannot
-  fit `max_context` even with no earlier turn shown."""
-  played = len(ep.turns)
-  prefix = prompts.generation_prefix(config.enable_think)
-  for start in range(max(0, played - ep.window), played + 1):
-    dropped = ep.messages[1 : 1 + 2 * start]
-    text = memory(list(dropped)) if memory is not None and dropped else ""
-    if not isinstance(text, str):
-      raise TypeError(f"an environment's memory() must return a string, got {type(text).__name__}")
-    messages = [dict(m) for m in ep.messages[:1] + ep.messages[1 + 2 * start :]]
-    messages.append({"role": "user", "content": user})
-    if text:
-      messages[1]["content"] = f"{text}\n{messages[1]['content']}"
-    ids = tok.encode(tok.apply_chat_template(messages, True, ep.tool_schemas) + prefix)
-    if len(ids) + config.max_new_tokens <= config.max_context:
-      return WindowPrompt(ids, start, text)
-  return None
+class Window:
+  """The system message, the last `k` turns and the current one (see the module doc)."""
 
+  def __init__(self, k: int, tokenizer, config, memory: Optional[Memory]):
+    self.window, self.tok, self.config, self.memory = k, tokenizer, config, memory
 
-def system_ids(ep, tok) -> List[int]:
-  """The tokens of the episode's system message alone (the prefix its prompts share), or none
-  when the chat template does not tokenise it as a prefix of a prompt (each prompt is then
-  prefilled whole)."""
-  ids = tok.encode(tok.apply_chat_template(ep.messages[:1], False, ep.tool_schemas))
-  probe = ep.messages[:1] + [{"role": "user", "content": "?"}]
-  return ids if prefix_length(tok.encode_chat(probe, True, ep.tool_schemas), ids) else []
+  def system_prefix(self, ep) -> List[int]:
+    """The tokens of the episode's system message alone (the prefix its prompts share), or none
+    when the chat template does not tokenise it as a prefix of a prompt (each prompt is then
+    prefilled whole)."""
+    tok = self.tok
+    ids = tok.encode(tok.apply_chat_template(ep.messages[:1], False, ep.tool_schemas))
+    probe = ep.messages[:1] + [{"role": "user", "content": "?"}]
+    return ids if prefix_length(tok.encode_chat(probe, True, ep.tool_schemas), ids) else []
+
+  def prompt(self, ep, turn: int, user: str) -> Optional[TurnPrompt]:
+    """The whole prompt of turn `turn` (user message `user`); an episode whose turn cannot fit
+    stops before it (None)."""
+    c = self.config
+    shown = self._fit(ep, user)
+    own = self.tok.encode(prompts.user_message(user, c.enable_think))
+    if shown is None or len(own) > c.max_turn_tokens:
+      if turn == 1:
+        raise ValueError(
+            f"the first prompt plus max_new_tokens exceeds max_context={c.max_context} (or its "
+            f"user turn exceeds max_turn_tokens={c.max_turn_tokens})"
+        )
+      ep.done, ep.context_truncated = True, True
+      return None
+    if prefix_length(shown.context, ep.prefix) != len(ep.prefix):
+      raise ValueError(
+          "the tokenizer's chat template does not render the system message as a prefix of "
+          "every prompt, which window modes need (the cached system slots)"
+      )
+    ep.messages.append({"role": "user", "content": user})
+    return shown
+
+  def _fit(self, ep, user: str) -> Optional[TurnPrompt]:
+    """The window of the most earlier turns (up to k) that fits `max_context`; None if even the
+    current turn alone does not."""
+    c, tok, played = self.config, self.tok, len(ep.turns)
+    prefix = prompts.generation_prefix(c.enable_think)
+    for start in range(max(0, played - self.window), played + 1):
+      dropped = ep.messages[1 : 1 + 2 * start]
+      text = self.memory(list(dropped)) if self.memory is not None and dropped else ""
+      if not isinstance(text, str):
+        raise TypeError(
+            f"an environment's memory() must return a string, got {type(text).__name__}"
+        )
+      messages = [dict(m) for m in ep.messages[:1] + ep.messages[1 + 2 * start :]]
+      messages.append({"role": "user", "content": user})
+      if text:
+        messages[1]["content"] = f"{text}\n{messages[1]['content']}"
+      ids = tok.encode(tok.apply_chat_template(messages, True, ep.tool_schemas) + prefix)
+      if len(ids) + c.max_new_tokens <= c.max_context:
+        return TurnPrompt(ids[len(ep.prefix) :], ids, len(ids), start, text)
+    return None
+
+  def ready_cache(self, llm, inputs, ids_BxC, mask_BxC, active_B):
+    """Every turn the model's cache restarts from the system message's slots (prefilled on the
+    first turn); the chunk is the rest of each prompt."""
+    del active_B  # every row restarts
+    if inputs.turn == 1:
+      llm.prefill_system(*system_rows(inputs.episodes, llm.rows, self.tok.pad_id))
+    llm.restore_system()
+    return ids_BxC, mask_BxC
+
+  def shown_messages(self, ep) -> List[Message]:
+    """What an endpoint sees: the system message and the last k turns (no memory text)."""
+    start = max(0, len(ep.turns) - self.window)
+    return ep.messages[:1] + ep.messages[1 + 2 * start :]
+
+  def rows(self, eps, k: int, pad_id: int, failed: np.ndarray, use_turn_scores: bool):
+    """A row per turn: ({name: [R, T] array}, token_turns_RxT, row_episodes_R).
+
+    Rewards sit as in the sequence layout: each turn's reward on its last token
+    (`use_turn_scores`), else the episode's score on its last turn's last token.
+    """
+    b = len(eps)
+    lengths = [len(t.context) + len(t.reply) for ep in eps for t in ep.turns]
+    width = sampling.bucket(max(lengths + [1]))
+    r = b * k
+    arrays = empty_rows(r, width, pad_id)
+    token_turns_RxT = np.full((r, width), -1, np.int32)
+    arrays["mask"][:, -1] = 1  # an empty row attends one padding token (attention well defined)
+    for i, ep in enumerate(eps):
+      if failed[i]:
+        continue
+      for j, turn in enumerate(ep.turns):
+        row, n_ctx, n_reply = i * k + j, len(turn.context), len(turn.reply)
+        lo = width - n_ctx - n_reply
+        arrays["tokens"][row, lo:] = turn.context + turn.reply
+        arrays["mask"][row, lo:] = 1
+        arrays["loss"][row, width - n_reply :] = 1
+        arrays["logprobs"][row, width - n_reply :] = turn.logprobs
+        token_turns_RxT[row, width - n_reply :] = j
+        if use_turn_scores:
+          arrays["rewards"][row, -1] += turn.reward
+        elif j == len(ep.turns) - 1:
+          arrays["rewards"][row, -1] += ep.score
+    return arrays, token_turns_RxT, np.repeat(np.arange(b, dtype=np.int32), k)
 
 
 def prefix_length(ids: Sequence[int], system: Sequence[int]) -> int:
@@ -92,43 +163,15 @@ def prefix_length(ids: Sequence[int], system: Sequence[int]) -> int:
   return n if n < len(ids) and list(ids[:n]) == list(system) else 0
 
 
-def empty_rows(rows_: int, width: int, pad_id: int):
-  """The token arrays of a batch layout ({name: [rows, width]}), all padding."""
-  return {
-      "tokens": np.full((rows_, width), pad_id, np.int32),
-      "mask": np.zeros((rows_, width), np.int32),
-      "loss": np.zeros((rows_, width), np.int32),
-      "logprobs": np.zeros((rows_, width), np.float32),
-      "rewards": np.zeros((rows_, width), np.float32),
-  }
-
-
-def rows(eps, k: int, pad_id: int, failed: np.ndarray, use_turn_scores: bool):
-  """The row layout: ({name: [R, T] array}, token_turns_RxT, row_episodes_R); see the module doc.
-
-  Rewards sit as in the sequence layout: each turn's reward on its last token
-  (`use_turn_scores`), else the episode's score on its last turn's last token.
-  """
-  b = len(eps)
-  lengths = [len(t.context) + len(t.reply) for ep in eps for t in ep.turns]
-  width = sampling.bucket(max(lengths + [1]))
-  r = b * k
-  arrays = empty_rows(r, width, pad_id)
-  token_turns_RxT = np.full((r, width), -1, np.int32)
-  arrays["mask"][:, -1] = 1  # an empty row attends one padding token (attention well defined)
+def system_rows(eps, rows, pad_id: int):
+  """The episodes' system-message tokens (ids_BxP, mask_BxP), left-padded to a width every
+  process agrees on (`rows`: policies.Rows)."""
+  (longest,) = rows.agree_max([max((len(ep.prefix) for ep in eps), default=0)])
+  width = sampling.bucket(max(longest, 1))
+  ids_BxP = np.full((len(eps), width), pad_id, np.int32)
+  mask_BxP = np.zeros((len(eps), width), np.int32)
   for i, ep in enumerate(eps):
-    if failed[i]:
-      continue
-    for j, turn in enumerate(ep.turns):
-      row, n_ctx, n_reply = i * k + j, len(turn.context), len(turn.reply)
-      lo = width - n_ctx - n_reply
-      arrays["tokens"][row, lo:] = turn.context + turn.reply
-      arrays["mask"][row, lo:] = 1
-      arrays["loss"][row, width - n_reply :] = 1
-      arrays["logprobs"][row, width - n_reply :] = turn.logprobs
-      token_turns_RxT[row, width - n_reply :] = j
-      if use_turn_scores:
-        arrays["rewards"][row, -1] += turn.reward
-      elif j == len(ep.turns) - 1:
-        arrays["rewards"][row, -1] += ep.score
-  return arrays, token_turns_RxT, np.repeat(np.arange(b, dtype=np.int32), k)
+    if ep.prefix:
+      ids_BxP[i, width - len(ep.prefix) :] = ep.prefix
+      mask_BxP[i, width - len(ep.prefix) :] = 1
+  return ids_BxP, mask_BxP

@@ -46,7 +46,7 @@ def play(engines, exp, policy, step_key, step: int) -> Dict[str, rollout_lib.Rol
   """Every tag's rollout of training step `step` by `policy`, its environment metrics added."""
   seeds = keys.level_seeds_of_step(exp, step)
   results = {
-      tag: engine.run(policy, keys.rollout(step_key, i), seeds[tag])
+      tag: engine.run(rollout_lib.ModelPolicy(policy), keys.rollout(step_key, i), seeds[tag])
       for i, (tag, engine) in enumerate(engines.items())
   }
   for tag, result in results.items():

@@ -340,7 +340,8 @@ class Trainer:
 
   def _validate(self, state: run_state.RunState, step: int) -> Dict[str, float]:
     tic = time.perf_counter()
-    metrics, episodes = validation.run(self.exp, self.val_engines, self._policy(state))
+    model_policy = rollout_lib.ModelPolicy(self._policy(state))
+    metrics, episodes = validation.run(self.exp, self.val_engines, model_policy)
     metrics["timing_s/testing"] = time.perf_counter() - tic
     shares = {
         spec.tag: (

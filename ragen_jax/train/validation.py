@@ -44,9 +44,10 @@ def batches(exp, spec, engine):
     yield start, keys.validation_level_seed(exp, start), min(size, spec.val_groups - start) * k
 
 
-def run(exp, val_engines, model) -> Tuple[Dict[str, float], List[rollout_lib.Episode]]:
-  """(metrics, every episode) of `model` on every tag's validation levels; an episode's `env`
-  is its tag, its `group_id` the validation group (seed `seed.val + group_id`)."""
+def run(exp, val_engines, policy) -> Tuple[Dict[str, float], List[rollout_lib.Episode]]:
+  """(metrics, every episode) of `policy` (built: `rollout.ModelPolicy(model)`, or an endpoint's
+  `api_policy.ApiPolicy`) on every tag's validation levels; an episode's `env` is its tag, its
+  `group_id` the validation group (seed `seed.val + group_id`)."""
   key = keys.validation(exp.seed)
   metrics, pooled, episodes = {}, {}, []
   k = exp.rollout.val_group_size
@@ -54,7 +55,7 @@ def run(exp, val_engines, model) -> Tuple[Dict[str, float], List[rollout_lib.Epi
     engine = val_engines[spec.tag]
     per_episode = {}
     for start, seed, keep in batches(exp, spec, engine):
-      result = engine.run(model, jax.random.fold_in(key, start), seed=seed)
+      result = engine.run(policy, jax.random.fold_in(key, start), seed=seed)
       batching.add_env_metrics(engine.env, result)
       for name, values in result.metrics.items():
         per_episode.setdefault(name, []).append(values[:keep])
