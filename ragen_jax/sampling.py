@@ -46,7 +46,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax import models
-from ragen_jax import moved
 from ragen_jax.config_checks import check_fields, NonNegativeFloat, NonNegativeInt, PositiveInt
 from ragen_jax.config_checks import Range
 
@@ -464,7 +463,3 @@ def compact(cache: models.KVCache, keep_B: jax.Array) -> models.KVCache:
       mask_BxS=new_mask_BxS,
       end_index=m,
   )
-
-
-def __getattr__(name):  # names that moved: the error says where
-  return moved.attribute(__name__, name)

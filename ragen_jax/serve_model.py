@@ -10,7 +10,7 @@ section for a Hugging Face directory (dtype, tokenizer without tokenizer.json); 
 own. The server binds 127.0.0.1 unless `--host` says otherwise; the bearer token comes from
 `--token` or the environment variable RAGEN_JAX_SERVE_TOKEN (prefer the variable: a command line
 is visible to every user of the machine) and is never logged. Routes, batching and errors:
-ragen_jax.serving.
+ragen_jax.model_server.
 """
 
 import os
@@ -20,7 +20,8 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from ragen_jax import serving
+from ragen_jax import json_http
+from ragen_jax import model_server
 from ragen_jax.config import cli
 from ragen_jax.config import sections
 from ragen_jax.train import launch_utils
@@ -62,14 +63,14 @@ def make_server(
     host: str = "127.0.0.1",
     port: int = 0,
     token: Optional[str] = None,
-    batch: serving.BatchConfig = serving.BatchConfig(),
+    batch: model_server.BatchConfig = model_server.BatchConfig(),
     max_tokens: int = 256,
     max_n: int = 8,
-) -> serving.ChatServer:
+) -> model_server.ChatServer:
   """A bound (not yet started) server of `model`; `.start()` serves in a thread."""
-  batcher = serving.Batcher(model, tokenizer, batch)
+  batcher = model_server.Batcher(model, tokenizer, batch)
   try:
-    return serving.ChatServer(batcher, model_name, host, port, token, max_tokens, max_n)
+    return model_server.ChatServer(batcher, model_name, host, port, token, max_tokens, max_n)
   except OSError:
     batcher.close()
     raise
@@ -80,7 +81,7 @@ def main(argv):
   f = flags.FLAGS
   try:
     model, tok, name = load(f.checkpoint, f.config)
-    batch = serving.BatchConfig(
+    batch = model_server.BatchConfig(
         max_batch=f.max_batch,
         window_s=f.window_ms / 1000,
         max_context=min(f.max_context, model.config.max_position_embeddings),
@@ -100,7 +101,7 @@ def main(argv):
     )
   except (FileNotFoundError, ValueError, OSError) as e:  # what the operator passed: one line
     launch_utils.exit_with_error(str(e))
-  if token is None and f.host not in ("127.0.0.1", "localhost", "::1"):
+  if token is None and f.host not in json_http.LOOPBACK:
     logging.warning("serving on %s without a token: anyone who reaches it can use it", f.host)
   print(f"serving {server.model_name!r} at {server.url} (auth: {'token' if token else 'none'})")
   try:
@@ -108,8 +109,7 @@ def main(argv):
   except KeyboardInterrupt:
     pass
   finally:
-    server.server_close()
-    server.batcher.close()
+    server.server_close()  # and the batcher
 
 
 def _define_flags() -> flags.FlagHolder:

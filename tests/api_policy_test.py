@@ -19,7 +19,7 @@ import pytest
 
 from ragen_jax import evaluate
 from ragen_jax import serve_model
-from ragen_jax import serving
+from ragen_jax import model_server
 from ragen_jax.config import cli
 from ragen_jax.config import schema
 from ragen_jax.rollout import api_policy
@@ -46,7 +46,7 @@ def test_served_checkpoint_evaluates_like_the_in_process_model(tmp_path):
   config = sokoban_config()
   in_process = evaluate.evaluate(config, output=str(tmp_path / "in.jsonl"))
   model, tok, name = serve_model.load()
-  batch = serving.BatchConfig(max_batch=8, window_s=0.005)
+  batch = model_server.BatchConfig(max_batch=8, window_s=0.005)
   server = serve_model.make_server(
       model, tok, name, max_tokens=config.rollout.max_new_tokens, batch=batch
   )

@@ -1,5 +1,6 @@
-"""Every numeric knob is range-checked: a NaN / inf sweep over the float leaves of real config
-files, the boundaries each range admits and refuses, and an environment's own annotated options."""
+"""Every numeric knob is range-checked and every named one choice-checked: a NaN / inf sweep over
+the float leaves of real config files, the boundaries each range admits and refuses, values outside
+a knob's choices, and an environment's own annotated options."""
 
 import copy
 import math
@@ -174,14 +175,34 @@ def test_values_past_the_boundary_are_named(key, value, message):
     schema.from_config(with_value("sokoban_ppo", key, value))
 
 
+CHOICES = [
+    ("ppo.gigpo_norm", "std", "('mean', 'mean_std')"),
+    ("ppo.critic", "both", "('separate', 'shared')"),
+    ("rollout.context_window", "last", "('full', 'last_k', 'single_turn')"),
+    ("early_stop.empty_filter", "halt", "('stop', 'warn', 'off')"),
+    ("model.attention", "flash", "('auto', 'xla', 'cudnn', 'splash')"),
+]
+
+
+@pytest.mark.parametrize("key, value, choices", CHOICES)
+def test_a_value_outside_its_choices_is_named_with_the_choices(key, value, choices):
+  pattern = rf"^config: {re.escape(key)} must be one of {re.escape(choices)}, got {value!r}$"
+  with pytest.raises(ValueError, match=pattern):
+    schema.from_config(with_value("sokoban_ppo", key, value))
+
+
 class _Annotated(text.TextEnv):
-  """A user's text environment whose option declares its range."""
+  """A user's text environment whose options declare their range and choices."""
 
   instruction = "Say anything."
   action_names = None
 
-  def __init__(self, bonus: typing.Annotated[float, config_checks.Range(0, 1)] = 0.5):
-    self.bonus = bonus
+  def __init__(
+      self,
+      bonus: typing.Annotated[float, config_checks.Range(0, 1)] = 0.5,
+      mode: typing.Annotated[str, config_checks.OneOf(("easy", "hard"))] = "easy",
+  ):
+    self.bonus, self.mode = bonus, mode
 
   def reset(self, seed):
     return "ready"
@@ -201,3 +222,8 @@ def test_a_user_environment_gets_its_declared_ranges_checked_before_the_run(monk
     schema.from_config(config)
   with pytest.raises(ValueError, match=r"^annotated\.bonus must be a finite number"):
     envs.make("annotated", bonus=math.nan)  # the API alone, without a config
+  config.envs.mine.options.bonus = 0.5
+  config.envs.mine.options.mode = "medium"
+  message = r"^config: envs\.mine\.options\.mode must be one of \('easy', 'hard'\), got 'medium'$"
+  with pytest.raises(ValueError, match=message):
+    schema.from_config(config)

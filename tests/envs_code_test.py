@@ -11,7 +11,7 @@ import pytest
 
 from ragen_jax import envs
 from ragen_jax.config import sections
-from ragen_jax.envs import sandbox as sb
+from ragen_jax.envs.text import sandbox as sb
 from ragen_jax.envs.host.pool import HostPool
 from ragen_jax.envs.text import code_env, code_problems as cp, code_tasks
 

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 import pytest
 
 from ragen_jax.envs.text import sudoku
+from ragen_jax.envs.text.sudoku_boards import count_solutions
 
 # A hand-written 4x4 with 7 givens. Its solution, worked by hand: r1c4 = 4 (row 1 lacks 2, 4;
 # column 4 has 2), so r1c2 = 2; column 2 then lacks 3, 4 and box 1 has 4 left for r2c2, so
@@ -275,7 +276,7 @@ def test_generated_4x4_is_unique_and_expert_solves_it(seed):
   assert sum(v != 0 for row in env.puzzle for v in row) == sudoku.DEFAULT_GIVENS[4] == 8
   assert _valid_grid(env.solution)
   assert _completions(env.puzzle) == [env.solution]  # unique, by the independent enumeration
-  assert sudoku.count_solutions(env.puzzle) == 1
+  assert count_solutions(env.puzzle) == 1
   rewards, done, turns = [], False, 0
   while not done:
     answers, thought = env.expert()
@@ -321,7 +322,7 @@ def test_generated_9x9_is_unique(givens):
     assert sum(v != 0 for row in env.puzzle for v in row) == want
     assert _valid_grid(env.solution)
     assert all(v in (0, env.solution[r][c]) for r in range(9) for c, v in enumerate(env.puzzle[r]))
-    assert sudoku.count_solutions(env.puzzle) == 1
+    assert count_solutions(env.puzzle) == 1
   # The expert also finishes a 9x9 with only correct placements.
   rewards, done = [], False
   while not done:
@@ -334,12 +335,12 @@ def test_generated_9x9_is_unique(givens):
 
 
 def test_solver_counts():
-  assert sudoku.count_solutions(_board(PUZZLE)) == 1
-  assert sudoku.count_solutions(_board("1..4\n..1.\n.1..\n4..1")) == 2  # capped at the limit
+  assert count_solutions(_board(PUZZLE)) == 1
+  assert count_solutions(_board("1..4\n..1.\n.1..\n4..1")) == 2  # capped at the limit
   assert len(_completions(_board("1..4\n..1.\n.1..\n4..1"))) >= 2
-  assert sudoku.count_solutions(_board("11..\n....\n....\n....")) == 0  # a repeat
-  assert sudoku.count_solutions(_board("12..\n..3.\n....\n....")) == 0  # r2c1, r2c2 both need 4
-  assert sudoku.count_solutions([[0] * 4 for _ in range(4)], limit=300) == 288
+  assert count_solutions(_board("11..\n....\n....\n....")) == 0  # a repeat
+  assert count_solutions(_board("12..\n..3.\n....\n....")) == 0  # r2c1, r2c2 both need 4
+  assert count_solutions([[0] * 4 for _ in range(4)], limit=300) == 288
 
 
 def test_options_are_checked():

@@ -14,7 +14,7 @@ from ragen_jax import models
 from ragen_jax import rollout
 from ragen_jax import sampling
 from ragen_jax import tokenizers
-from ragen_jax.envs import sandbox as sb
+from ragen_jax.envs.text import sandbox as sb
 from ragen_jax.envs import tools as tools_lib
 from ragen_jax.envs.host.pool import HostPool
 from ragen_jax.envs.text import code_env

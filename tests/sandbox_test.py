@@ -1,4 +1,4 @@
-"""ragen_jax.envs.sandbox against real hostile programs: each ends within its limit plus a
+"""ragen_jax.envs.text.sandbox against real hostile programs: each ends within its limit plus a
 second, is contained, and leaves no process of the sandbox's uids behind.
 
 The isolation tests need root or user namespaces (CI runs as root); elsewhere they are skipped
@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from ragen_jax.envs import sandbox as sb
+from ragen_jax.envs.text import sandbox as sb
 
 LIMITS = sb.Limits(wall_s=1.5, cpu_s=1, memory_mb=256, processes=8, output_bytes=4096)
 SLACK_S = 1.0  # "within its limit plus a second"
@@ -216,7 +216,7 @@ import ragen_jax
 package = types.ModuleType("ragen_jax.envs")
 package.__path__ = [{root!r} + "/ragen_jax/envs"]
 sys.modules["ragen_jax.envs"] = package
-from ragen_jax.envs import sandbox as sb
+from ragen_jax.envs.text import sandbox as sb
 limits = sb.Limits(wall_s=1.5, cpu_s=1)
 try:
   box = sb.Sandbox(limits=limits)

@@ -1,4 +1,4 @@
-"""SearchQA's retrieval servers on 127.0.0.1: ragen_jax.envs.retrieval_server, both client APIs,
+"""SearchQA's retrieval servers on 127.0.0.1: ragen_jax.envs.text.retrieval_server, both client APIs,
 a bearer token, and servers that are down, slow or answer garbage (an observation, no crash)."""
 
 import contextlib
@@ -14,7 +14,7 @@ from http import server as http_server
 
 import pytest
 
-from ragen_jax.envs import retrieval_server
+from ragen_jax.envs.text import retrieval_server
 from ragen_jax.envs.text import retrievers
 from ragen_jax.envs.text import search_qa
 from ragen_jax.envs.text.search_qa import SearchQA
@@ -151,7 +151,7 @@ def test_a_server_answering_garbage_gives_an_observation(prefix):
 def test_the_command_line_serves_a_corpus_with_a_token_from_the_environment(tmp_path):
   corpus = tmp_path / "c.jsonl"
   corpus.write_text(json.dumps({"title": "Kesh", "text": "Kesh is a city."}) + "\n")
-  command = [sys.executable, "-m", "ragen_jax.envs.retrieval_server", "--corpus", str(corpus)]
+  command = [sys.executable, "-m", "ragen_jax.envs.text.retrieval_server", "--corpus", str(corpus)]
   env = {**os.environ, "PYTHONPATH": REPO_DIR, "RT_TOKEN": "t0k"}
   with subprocess.Popen(
       [*command, "--port", "0", "--token-env", "RT_TOKEN"],

@@ -25,9 +25,9 @@ import pytest
 
 from ragen_jax import sampling
 from ragen_jax import serve_model
-from ragen_jax import serving
-from ragen_jax.serving import batcher as batcher_lib
-from ragen_jax.serving import requests as requests_lib
+from ragen_jax import model_server
+from ragen_jax.model_server import batcher as batcher_lib
+from ragen_jax.model_server import requests as requests_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKEN = "test-token-123"
@@ -38,7 +38,7 @@ PROMPTS = ["Turn 1: hi", "Turn 1: box", "Turn 1: go up", "Turn 1: left or right"
 @pytest.fixture(name="server", scope="module")
 def server_fixture():
   model, tok, name = serve_model.load()
-  batch = serving.BatchConfig(max_batch=8, window_s=0.0, max_context=MAX_CONTEXT)
+  batch = model_server.BatchConfig(max_batch=8, window_s=0.0, max_context=MAX_CONTEXT)
   srv = serve_model.make_server(model, tok, name, token=TOKEN, batch=batch, max_tokens=16)
   srv.start()
   yield srv

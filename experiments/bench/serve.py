@@ -29,8 +29,8 @@ import numpy as np
 
 from ragen_jax import sampling
 from ragen_jax import serve_model
-from ragen_jax import serving
-from ragen_jax.serving import batcher as batcher_lib
+from ragen_jax import model_server
+from ragen_jax.model_server import batcher as batcher_lib
 
 PROMPTS = [
     f"\nTurn 1:\nState:\n######\n#_P__#\n#_X__#\n#__O_#\n######\nYou have {k} actions left."
@@ -106,7 +106,7 @@ def main():
   parser.add_argument("--repeats", type=int, default=3)
   args = parser.parse_args()
   model, tok, name = serve_model.load()
-  batch = serving.BatchConfig(max_batch=args.max_batch)
+  batch = model_server.BatchConfig(max_batch=args.max_batch)
   server = serve_model.make_server(model, tok, name, batch=batch, max_tokens=args.max_tokens)
   server.start()
   try:

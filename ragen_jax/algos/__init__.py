@@ -29,7 +29,7 @@ from ragen_jax.algos.losses import policy_loss
 from ragen_jax.algos.losses import rollout_correction_metrics
 from ragen_jax.algos.losses import rollout_correction_weights
 from ragen_jax.algos.losses import value_loss
-from ragen_jax.algos.train_step import actor_module
-from ragen_jax.algos.train_step import init_train_state
+from ragen_jax.algos.train_state import actor_module
+from ragen_jax.algos.train_state import init_train_state
+from ragen_jax.algos.train_state import TrainState
 from ragen_jax.algos.train_step import make_train_step
-from ragen_jax.algos.train_step import TrainState

@@ -15,7 +15,7 @@ from ragen_jax.algos.advantages import GIGPO_NORMS
 from ragen_jax.algos.filtering import STRATEGIES
 from ragen_jax.algos.losses import AGG_MODES, KL_KINDS, ROLLOUT_CORRECTIONS
 from ragen_jax.algos.optim import MOMENT_DTYPES
-from ragen_jax.config_checks import check_fields, check_value, Range
+from ragen_jax.config_checks import check_fields, check_value, OneOf, Range
 from ragen_jax.config_checks import NonNegativeFloat, PositiveFloat, PositiveInt, UnitFloat
 
 ADV_ESTIMATORS = ("gae", "bi_level_gae", "grpo", "brpo", "arpo", "drgrpo", "gigpo")
@@ -73,23 +73,23 @@ class PPOConfig:
     vocab_chunk: vocabulary chunk of the log-prob / entropy computation.
   """
 
-  adv_estimator: str = "gae"
+  adv_estimator: Annotated[str, OneOf(ADV_ESTIMATORS)] = "gae"
   gamma: UnitFloat = 1.0
   lam: UnitFloat = 1.0
   high_level_gamma: UnitFloat = 0.95
   gigpo_omega: NonNegativeFloat = 1.0
   gigpo_gamma: UnitFloat = 0.95
-  gigpo_norm: str = "mean"
+  gigpo_norm: Annotated[str, OneOf(GIGPO_NORMS)] = "mean"
   clip_low: Annotated[float, Range(0, 1, open_low=True, open_high=True)] = 0.2
   clip_high: PositiveFloat = 0.28
   clip_c: Annotated[float, Range(1, open_low=True)] = 3.0
-  agg_mode: str = "token-mean"
+  agg_mode: Annotated[str, OneOf(AGG_MODES)] = "token-mean"
   # > 0, checked in __post_init__ (an Annotated type would break the config's None placeholder)
   loss_scale_factor: float | None = None
   entropy_coeff: NonNegativeFloat = 0.001
   use_kl_loss: bool = False
   kl_coef: NonNegativeFloat = 0.0
-  kl_type: str = "k1"
+  kl_type: Annotated[str, OneOf(KL_KINDS)] = "k1"
   ppo_epochs: PositiveInt = 1
   num_minibatches: PositiveInt = 4
   micro_batches: PositiveInt = 1
@@ -97,21 +97,21 @@ class PPOConfig:
   actor_lr: PositiveFloat = 1e-6
   critic_lr: PositiveFloat = 1e-5
   weight_decay: NonNegativeFloat = 0.01
-  moment_dtype: str = "float32"
+  moment_dtype: Annotated[str, OneOf(MOMENT_DTYPES)] = "float32"
   grad_clip: PositiveFloat = 1.0
   value_clip: PositiveFloat = 0.5
-  critic: str = "separate"
+  critic: Annotated[str, OneOf(("separate", "shared"))] = "separate"
   vf_coef: NonNegativeFloat = 1.0
   recompute_old_logprobs: bool = True
-  rollout_correction: str = "none"
+  rollout_correction: Annotated[str, OneOf(ROLLOUT_CORRECTIONS)] = "none"
   rollout_correction_cap: Annotated[float, Range(1)] = 2.0
   positive_advantages_only: bool = False
-  filter_strategy: str = "top_p"
+  filter_strategy: Annotated[str, OneOf(STRATEGIES)] = "top_p"
   filter_value: PositiveFloat = 1.0  # min_p: also <= 1
-  filter_metric: str = "reward_variance"
-  filter_type: str = "largest"
+  filter_metric: Annotated[str, OneOf(FILTER_METRICS)] = "reward_variance"
+  filter_type: Annotated[str, OneOf(("largest", "smallest"))] = "largest"
   filter_include_zero: bool = True
-  filter_prob_mode: str = "linear"
+  filter_prob_mode: Annotated[str, OneOf(("linear", "softmax"))] = "linear"
   filter_eps: NonNegativeFloat = 0.01
   vocab_chunk: PositiveInt = 8192
 
@@ -124,14 +124,6 @@ class PPOConfig:
       if not ok:
         raise ValueError(f"ppo.{msg}")
 
-    check(
-        self.adv_estimator in ADV_ESTIMATORS,
-        f"adv_estimator must be one of {ADV_ESTIMATORS}, got {self.adv_estimator!r}",
-    )
-    check(
-        self.gigpo_norm in GIGPO_NORMS,
-        f"gigpo_norm must be one of {GIGPO_NORMS}, got {self.gigpo_norm!r}",
-    )
     if self.adv_estimator == "gigpo":
       ignored = [f"ppo.{f}" for f in CRITIC_FIELDS if getattr(self, f) != _DEFAULTS[f]]
       if ignored:
@@ -141,39 +133,9 @@ class PPOConfig:
             ", ".join(ignored),
         )
     check(
-        self.moment_dtype in MOMENT_DTYPES,
-        f"moment_dtype must be one of {MOMENT_DTYPES}, got {self.moment_dtype!r}",
-    )
-    check(self.agg_mode in AGG_MODES, f"agg_mode must be one of {AGG_MODES}, got {self.agg_mode!r}")
-    check(
-        self.rollout_correction in ROLLOUT_CORRECTIONS,
-        f"rollout_correction must be one of {ROLLOUT_CORRECTIONS}, got {self.rollout_correction!r}",
-    )
-    check(
         self.rollout_correction == "none" or self.recompute_old_logprobs,
         f"rollout_correction={self.rollout_correction!r} needs ppo.recompute_old_logprobs=True: "
         "without it the old log-probs are the sampler's and every ratio is 1",
-    )
-    check(self.kl_type in KL_KINDS, f"kl_type must be one of {KL_KINDS}, got {self.kl_type!r}")
-    check(
-        self.critic in ("separate", "shared"),
-        f"critic must be 'separate' or 'shared', got {self.critic!r}",
-    )
-    check(
-        self.filter_strategy in STRATEGIES,
-        f"filter_strategy must be one of {STRATEGIES}, got {self.filter_strategy!r}",
-    )
-    check(
-        self.filter_metric in FILTER_METRICS,
-        f"filter_metric must be one of {FILTER_METRICS}, got {self.filter_metric!r}",
-    )
-    check(
-        self.filter_type in ("largest", "smallest"),
-        f"filter_type must be 'largest' or 'smallest', got {self.filter_type!r}",
-    )
-    check(
-        self.filter_prob_mode in ("linear", "softmax"),
-        f"filter_prob_mode must be 'linear' or 'softmax', got {self.filter_prob_mode!r}",
     )
     check(
         not (

@@ -15,7 +15,8 @@ Inside one compiled call, five stages (pure functions below, composed by `train_
      weight decay, global-norm clip; moments in `ppo.moment_dtype`, `optim`);
   5. `batch_metrics`: batch statistics under veRL's and RAGEN's names.
 The critic mode (none, separate model, shared value head) is a `critic.Critic` strategy; the
-stages pass the typed records of `step_records`.
+stages pass the typed records of `step_records`; the state and its optimizer are `train_state`'s,
+one micro-batch's forward pass, losses and gradients `step_losses`'.
 
 Dimensions:
   B: rows: episodes, or with a context window one row per turn (`RolloutBatch.row_episodes_R`;
@@ -26,9 +27,7 @@ Dimensions:
 
 import dataclasses
 import functools
-from typing import Any
 
-import flax
 import jax
 from jax import lax
 import jax.numpy as jnp
@@ -38,195 +37,21 @@ from ragen_jax.algos import advantages as adv_lib
 from ragen_jax.algos import critic as critic_lib
 from ragen_jax.algos import filtering
 from ragen_jax.algos import losses
-from ragen_jax.algos import optim
 from ragen_jax.algos.config import PPOConfig
-from ragen_jax.algos.logprobs import response_positions
-from ragen_jax.algos.logprobs import sequence_logprobs
+from ragen_jax.algos.step_losses import aggregate
+from ragen_jax.algos.step_losses import micro_grads
+from ragen_jax.algos.step_losses import policy_forward
 from ragen_jax.algos.step_records import Advantages
-from ragen_jax.algos.step_records import copy_tree
 from ragen_jax.algos.step_records import Learner
 from ragen_jax.algos.step_records import ModelGraph
 from ragen_jax.algos.step_records import OldPass
 from ragen_jax.algos.step_records import optimizer_step
-from ragen_jax.algos.step_records import param_dict
 from ragen_jax.algos.step_records import Selection
 from ragen_jax.algos.step_records import StepSpec
 from ragen_jax.algos.step_records import UpdateData
+from ragen_jax.algos.train_state import optimizer
+from ragen_jax.algos.train_state import TrainState
 from ragen_jax.models import lora
-
-
-@flax.struct.dataclass
-class TrainState:
-  """Everything the update carries between steps (a pytree; donated to the step).
-
-  Parameters are pure nested dicts of arrays (`nnx.to_pure_dict`), owned by the state: they
-  are copies, so donating the state never invalidates the modules they came from. With LoRA
-  adapters in the actor only they are trained: `actor_opt` holds adapter-shaped moments
-  (`lora.partition`), and the KL reference is the actor with its adapters at zero.
-  """
-
-  actor_params: Any
-  actor_opt: Any
-  critic_params: Any  # None for critic-free estimators
-  critic_opt: Any
-  ref_params: Any  # None unless use_kl_loss (and None with LoRA: the base is the reference)
-  step: jax.Array  # int32, train_step calls so far
-  skipped_steps: jax.Array  # int32, steps whose filter kept nothing (no update)
-
-
-def _optimizer(lr, cfg):
-  return optax.chain(
-      optax.clip_by_global_norm(cfg.grad_clip),
-      optim.adamw(
-          lr,
-          b1=0.9,
-          b2=0.999,
-          eps=1e-8,
-          weight_decay=cfg.weight_decay,
-          moment_dtype=cfg.moment_dtype,
-      ),
-  )
-
-
-def init_train_state(
-    actor_model, critic_model, cfg: PPOConfig, key, ref_model=None, actor_tx=None, critic_tx=None
-):
-  """Builds the TrainState.
-
-  Args:
-    actor_model: models.Qwen2 policy.
-    critic_model: models.Qwen2Critic, or None: for "gae" with a separate critic one is then
-      initialised from the policy weights (RAGEN); ignored by critic-free estimators.
-    cfg: PPOConfig.
-    key: PRNG key (critic construction).
-    ref_model: frozen reference policy for the KL loss (default: a copy of the actor; with
-      LoRA adapters, no copy: the actor's own base weights, adapters off).
-    actor_tx, critic_tx: optional optax transformations replacing the configured AdamW
-      (schedules, tests); pass the same ones to make_train_step.
-  """
-  actor_tx = actor_tx or _optimizer(cfg.actor_lr, cfg)
-  critic_tx = critic_tx or _optimizer(cfg.critic_lr, cfg)
-  actor_params = copy_tree(param_dict(actor_model))
-  critic = critic_lib.make_critic(cfg, actor_model, critic_model)
-  critic_params, critic_opt = critic.init(critic_tx, key)
-  ref_params = None
-  if cfg.use_kl_loss and ref_model is not None:
-    ref_params = copy_tree(param_dict(ref_model))
-  elif cfg.use_kl_loss and not lora.has_adapters(actor_params):
-    ref_params = copy_tree(actor_params)
-  return TrainState(
-      actor_params=actor_params,
-      actor_opt=actor_tx.init(lora.partition(actor_params)[0]),  # only what is trained
-      critic_params=critic_params,
-      critic_opt=critic_opt,
-      ref_params=ref_params,
-      step=jnp.zeros((), jnp.int32),
-      skipped_steps=jnp.zeros((), jnp.int32),
-  )
-
-
-# ---------------------------------------------------------------- forward and losses
-
-
-def policy_forward(
-    graph, params, tokens_BxT, attn_BxT, spec: StepSpec, with_entropy, mask_BxT=None, width=None
-):
-  """(logp_BxT, entropy_BxT, hidden_BxTxD) of a policy with `params`.
-
-  With `width` (R) the log-probs and entropies are computed at the R first positions of
-  `mask_BxT` in each row and are 0 elsewhere (`logprobs.response_positions`).
-  """
-  model = graph.merge(params)
-  hidden_BxTxD, _ = model.backbone(tokens_BxT, attn_BxT)
-  w_DxV = model.unembed_kernel().astype(hidden_BxTxD.dtype)
-  positions = None if width is None else response_positions(mask_BxT, width)
-  logp_BxT, entropy_BxT = sequence_logprobs(
-      hidden_BxTxD,
-      w_DxV,
-      tokens_BxT,
-      spec.cfg.vocab_chunk,
-      spec.temperature,
-      with_entropy,
-      positions,
-  )
-  return logp_BxT, entropy_BxT, hidden_BxTxD
-
-
-def _agg(cfg: PPOConfig, x_BxT, mask_BxT):
-  return losses.agg_loss(x_BxT, mask_BxT, cfg.agg_mode, cfg.loss_scale_factor)
-
-
-def actor_terms(cfg: PPOConfig, logp_BxT, entropy_BxT, mb: UpdateData):
-  """Clipped policy loss, minus the entropy bonus, plus the KL loss; (loss, metrics)."""
-  mask_BxT = mb.mask_BxT
-  pg, pg_metrics = losses.policy_loss(
-      logp_BxT,
-      mb.old_logp_BxT,
-      mb.adv_BxT,
-      mask_BxT,
-      clip_low=cfg.clip_low,
-      clip_high=cfg.clip_high,
-      clip_c=cfg.clip_c,
-      agg_mode=cfg.agg_mode,
-      loss_scale_factor=cfg.loss_scale_factor,
-      weights_BxT=mb.pg_weights_BxT,
-  )
-  loss, metrics = pg, {f"actor/{k}": v for k, v in pg_metrics.items()}
-  if cfg.entropy_coeff > 0:
-    ent = _agg(cfg, entropy_BxT, mask_BxT)
-    loss = loss - cfg.entropy_coeff * ent
-    metrics["actor/entropy_loss"] = ent
-  if cfg.use_kl_loss:
-    kl = _agg(cfg, losses.kl_penalty(logp_BxT, mb.ref_logp_BxT, cfg.kl_type), mask_BxT)
-    loss = loss + cfg.kl_coef * kl
-    metrics["actor/kl_loss"] = kl
-  return loss, metrics
-
-
-def value_terms(cfg: PPOConfig, mb: UpdateData, values_BxT):
-  """Clipped value loss; (loss, metrics)."""
-  vf, vf_metrics = losses.value_loss(
-      values_BxT,
-      mb.old_values_BxT,
-      mb.returns_BxT,
-      mb.mask_BxT,
-      cfg.value_clip,
-      cfg.agg_mode,
-      cfg.loss_scale_factor,
-  )
-  return vf, {f"critic/{k}": v for k, v in vf_metrics.items()}
-
-
-def micro_grads(spec: StepSpec, actor_params, critic_params, mb: UpdateData):
-  """(actor grads of the trained part (`lora.partition`), critic grads or None, metrics) of one
-  micro-batch."""
-  cfg, critic = spec.cfg, spec.critic
-  value_loss = functools.partial(value_terms, cfg, mb)
-  # With LoRA only the adapters are differentiated: no base-sized gradient buffers.
-  trainable, frozen = lora.partition(actor_params)
-
-  def actor_loss(trainable, head):
-    params = lora.combine(trainable, frozen)
-    logp_BxT, entropy_BxT, hidden_BxTxD = policy_forward(
-        spec.actor,
-        params,
-        mb.tokens_BxT,
-        mb.attn_BxT,
-        spec,
-        cfg.entropy_coeff > 0,
-        mb.mask_BxT,
-        spec.width,
-    )
-    loss, metrics = actor_terms(cfg, logp_BxT, entropy_BxT, mb)
-    return critic.add_to_actor_loss(loss, metrics, head, hidden_BxTxD, value_loss)
-
-  grad_fn = jax.value_and_grad(actor_loss, argnums=(0, 1), has_aux=True)
-  (_, metrics), (a_grads, head_grads) = grad_fn(trainable, critic.actor_loss_params(critic_params))
-  c_grads, c_metrics = critic.grads(
-      critic_params, head_grads, mb.tokens_BxT, mb.attn_BxT, value_loss
-  )
-  return a_grads, c_grads, {**metrics, **c_metrics}
-
 
 # ---------------------------------------------------------------- the stages
 
@@ -516,7 +341,7 @@ def batch_metrics(cfg: PPOConfig, sel: Selection, old: OldPass, adv: Advantages)
   maskf_BxT = mask_BxT.astype(jnp.float32)
   adv_BxT, returns_BxT = adv.adv_BxT, adv.returns_BxT
   metrics = {
-      "actor/entropy": _agg(cfg, old.entropy_BxT, maskf_BxT),
+      "actor/entropy": aggregate(cfg, old.entropy_BxT, maskf_BxT),
       "critic/advantages/mean": adv_lib.masked_mean(adv_BxT, maskf_BxT),
   }
   adv_max = jnp.max(jnp.where(mask_BxT, adv_BxT, -jnp.inf))
@@ -619,8 +444,8 @@ def make_train_step(
       actor=ModelGraph.of(actor_model),
       ref=ModelGraph.of(ref_model if ref_model is not None else actor_model),
       critic=critic_lib.make_critic(cfg, actor_model, critic_model),
-      actor_tx=actor_tx or _optimizer(cfg.actor_lr, cfg),
-      critic_tx=critic_tx or _optimizer(cfg.critic_lr, cfg),
+      actor_tx=actor_tx or optimizer(cfg.actor_lr, cfg),
+      critic_tx=critic_tx or optimizer(cfg.critic_lr, cfg),
   )
   step = functools.partial(train_step, spec)
   if not jit:
@@ -632,8 +457,3 @@ def make_train_step(
       compiler_options=compiler_options,
       out_shardings=out_shardings,
   )
-
-
-def actor_module(actor_model, state: TrainState):
-  """The actor module carrying the state's current parameters (e.g. for the next rollout)."""
-  return ModelGraph.of(actor_model).merge(state.actor_params)

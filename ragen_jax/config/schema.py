@@ -18,13 +18,13 @@ run starts, still before anything compiles.
 
 import dataclasses
 import os
-from typing import Any, Dict, Tuple
+from typing import Annotated, Any, Dict, Tuple
 
 from ragen_jax import algos
 from ragen_jax import envs
 from ragen_jax import models
 from ragen_jax import rollout as rollout_lib
-from ragen_jax.config_checks import check_arguments, check_fields, NonNegativeInt
+from ragen_jax.config_checks import check_arguments, check_fields, NonNegativeInt, OneOf
 from ragen_jax.config_checks import NonNegativeFloat, PositiveFloat, PositiveInt, UnitFloat
 from ragen_jax.diagnostics import CollapseConfig
 from ragen_jax.envs.device import base as env_base
@@ -137,7 +137,7 @@ class ModelSpec:
   remat: bool = False  # recompute each layer in the backward pass (memory)
   # Self-attention kernel: auto | xla | cudnn | splash (ragen_jax/models/attention.py); auto is
   # cuDNN's fused kernel on an NVIDIA GPU in bf16, splash on a TPU, XLA otherwise.
-  attention: str = "auto"
+  attention: Annotated[str, OneOf(models.attention.IMPLEMENTATIONS)] = "auto"
   lora: LoraSpec = dataclasses.field(  # low-rank adapters (LoraSpec); rank 0: none
       default_factory=LoraSpec, metadata={"section": dataclasses.asdict}
   )
@@ -145,10 +145,7 @@ class ModelSpec:
   def __post_init__(self):
     if isinstance(self.lora, dict):
       object.__setattr__(self, "lora", LoraSpec(**self.lora))
-    if self.attention not in models.attention.IMPLEMENTATIONS:
-      raise ValueError(
-          f"model.attention {self.attention!r} is not one of {models.attention.IMPLEMENTATIONS}"
-      )
+    check_fields(self, "model")
 
 
 @dataclasses.dataclass(frozen=True)

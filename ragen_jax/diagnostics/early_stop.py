@@ -17,33 +17,28 @@ stored in checkpoint metadata, so a resumed run continues the same streaks.
 """
 
 import dataclasses
-from typing import Any, Dict, List
+from typing import Annotated, Any, Dict, List
 
-from ragen_jax.config_checks import check_fields, PositiveInt, UnitFloat
+from ragen_jax.config_checks import check_fields, OneOf, PositiveInt, UnitFloat
 
 MODES = ("stop", "warn", "off")
-RULES = ("reward_std_collapse", "low_val_success", "empty_filter")
+Mode = Annotated[str, OneOf(MODES)]  # a rule's mode
 
 
 @dataclasses.dataclass(frozen=True)
 class EarlyStopConfig:
-  reward_std_collapse: str = "stop"
+  reward_std_collapse: Mode = "stop"
   reward_std_baseline_steps: PositiveInt = 10
   reward_std_patience: PositiveInt = 10
   reward_std_ratio: UnitFloat = 0.1
-  low_val_success: str = "stop"
+  low_val_success: Mode = "stop"
   low_val_threshold: UnitFloat = 0.01  # a success rate
   low_val_patience: PositiveInt = 5
-  empty_filter: str = "stop"
+  empty_filter: Mode = "stop"
   empty_filter_patience: PositiveInt = 5
 
   def __post_init__(self):
     check_fields(self, "early_stop")
-    for rule in RULES:
-      if getattr(self, rule) not in MODES:
-        raise ValueError(
-            f"early_stop.{rule} must be one of {MODES}, got " f"{getattr(self, rule)!r}"
-        )
 
 
 @dataclasses.dataclass(frozen=True)

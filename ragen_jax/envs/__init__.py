@@ -15,21 +15,20 @@ are stepped on the host, one instance per episode. `envs.register(name, factory)
             move rule `slide` as a pure function)
   text/     the `TextEnv` contract (`envs.text`) and RAGEN's text environments: Countdown,
             Sudoku, math (with its question generator), code (DeepCoder; its problem formats and
-            task generator), SearchQA (its retrievers and the generated encyclopedia it ships)
+            task generator, and the sandbox its tests run in: untrusted Python in namespaces under
+            limits, started by sandbox_launcher), SearchQA (its retrievers, the generated
+            encyclopedia it ships, and `python -m ragen_jax.envs.text.retrieval_server`: BM25
+            over HTTP)
   tools     the tools an environment may declare (`envs.Tool`) and the structured action a
             reply's tool call becomes (`envs.ToolCall`)
-  sandbox   untrusted Python (model-written code) in namespaces under limits; its launcher
-            process is sandbox_launcher
-  retrieval_server  `python -m ragen_jax.envs.retrieval_server`: BM25 over HTTP for SearchQA
   host/     stepping text environments on the host: `host.pool.HostPool` (threads or worker
             processes), its episode actors, and the records it returns (`host.records`)
-  serve/    one text environment over HTTP: `python -m ragen_jax.envs.serve` (serve.server) and
-            the client `serve.client.HttpEnv`
+  serve/    the environment server, one text environment over HTTP: `python -m
+            ragen_jax.envs.serve` (serve.server) and the client `serve.client.HttpEnv`
   bridges/  other packages' environments as text environments: gymnasium (`envs.from_gymnasium`)
             and reasoning-gym
 """
 
-from ragen_jax import moved
 from ragen_jax.envs.device import base
 from ragen_jax.envs.device import game2048
 from ragen_jax.envs.device.bandit import Bandit, BanditState
@@ -52,7 +51,3 @@ def from_gymnasium(*args, **kwargs):
   from ragen_jax.envs.bridges import gymnasium as bridge  # pylint: disable=import-outside-toplevel
 
   return bridge.from_gymnasium(*args, **kwargs)
-
-
-def __getattr__(name):  # names that moved: the error says where
-  return moved.attribute(__name__, name)

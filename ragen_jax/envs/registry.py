@@ -40,7 +40,7 @@ REGISTRY: Dict[str, Callable[..., Any]] = {
     "countdown": Countdown,
     "math": MathEnv,
     "sudoku": Sudoku,
-    "code": CodeEnv,  # writing code against tests, run in ragen_jax.envs.sandbox
+    "code": CodeEnv,  # writing code against tests, run in ragen_jax.envs.text.sandbox
     "search": SearchQA,
 }
 

@@ -14,12 +14,13 @@ Dimension legend used across `ragen_jax.models`:
 
 import dataclasses
 import math
-from typing import Any
+from typing import Annotated, Any
 
 import jax.numpy as jnp
 
 from ragen_jax.config_checks import check_fields
 from ragen_jax.config_checks import check_value
+from ragen_jax.config_checks import OneOf
 from ragen_jax.config_checks import PositiveFloat
 from ragen_jax.config_checks import PositiveInt
 from ragen_jax.models.attention import IMPLEMENTATIONS
@@ -187,7 +188,7 @@ class ModelConfig:
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   remat: bool = False
-  attention: str = "auto"
+  attention: Annotated[str, OneOf(IMPLEMENTATIONS)] = "auto"
   model_type: str = "qwen2"
   rope_scaling: RopeScaling | None = None
   lora: LoraConfig | None = None
@@ -225,8 +226,6 @@ class ModelConfig:
       )
     if self.head_dim % 2:
       raise ValueError(f"head_dim {self.head_dim} must be even for RoPE")
-    if self.attention not in IMPLEMENTATIONS:
-      raise ValueError(f"attention must be one of {IMPLEMENTATIONS}, got {self.attention!r}")
     for name in ("dtype", "param_dtype"):
       if not jnp.issubdtype(getattr(self, name), jnp.floating):
         raise ValueError(f"{name} must be a floating dtype, got {getattr(self, name)}")

@@ -13,7 +13,7 @@ from ragen_jax import sampling
 from ragen_jax.batch import RolloutBatch
 from ragen_jax.batch import TurnBatch
 from ragen_jax.config_checks import check_fields, FiniteFloat, PositiveFloat
-from ragen_jax.config_checks import NonNegativeInt, PositiveInt, Range
+from ragen_jax.config_checks import NonNegativeInt, OneOf, PositiveInt, Range
 from ragen_jax.rollout import prompts
 from ragen_jax.rollout import state_keys
 from ragen_jax.rollout import windows
@@ -43,7 +43,9 @@ class RolloutConfig:
   unchanged_penalty: FiniteFloat = 0.0  # per training turn after which the state reads as
   # before (not RAGEN; validation rewards never carry it)
   enable_think: bool = True  # <think>...</think><answer>...</answer> format
-  prompt_style: str = "ragen"  # prompts.PROMPT_STYLES: RAGEN's text, or "compact" (the output
+  prompt_style: Annotated[str, OneOf(prompts.PROMPT_STYLES)] = (
+      "ragen"  # prompts.PROMPT_STYLES: RAGEN's text, or "compact" (the output
+  )
   # rule once in the system message, short user turns)
   max_new_tokens: PositiveInt = 400  # sampled tokens per turn (RAGEN response_length)
   max_context: PositiveInt = 3600  # tokens of a whole conversation (RAGEN max_model_len); with
@@ -59,17 +61,15 @@ class RolloutConfig:
   val_group_size: PositiveInt = 1  # validation episodes per group (pass@k, k = this)
   val_temperature: PositiveFloat = 0.5  # RAGEN's evaluation temperature
   val_batch_groups: PositiveInt = 64  # validation groups played per batch (memory bound)
-  context_window: str = "full"  # CONTEXT_WINDOWS: what each turn's prompt holds (module doc)
+  context_window: Annotated[str, OneOf(CONTEXT_WINDOWS)] = (
+      "full"  # CONTEXT_WINDOWS: what each turn's prompt holds (module doc)
+  )
   window_turns: int | None = None  # k of `last_k`: earlier turns a prompt shows
 
   PER_TAG = ("render_format", "max_actions_per_traj", "max_tokens_hint")
 
   def __post_init__(self):
     check_fields(self, "rollout")
-    if self.prompt_style not in prompts.PROMPT_STYLES:
-      raise ValueError(
-          f"rollout.prompt_style must be one of {prompts.PROMPT_STYLES}, got {self.prompt_style!r}"
-      )
     if not self.max_context > self.max_new_tokens:
       raise ValueError("rollout.max_context must exceed rollout.max_new_tokens")
     self.window  # pylint: disable=pointless-statement  # validates the window knobs
@@ -78,8 +78,6 @@ class RolloutConfig:
   def window(self) -> int | None:
     """Earlier turns each prompt shows: None for the whole conversation (`full`), else k."""
     mode, k = self.context_window, self.window_turns
-    if mode not in CONTEXT_WINDOWS:
-      raise ValueError(f"rollout.context_window must be one of {CONTEXT_WINDOWS}, got {mode!r}")
     if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
       raise ValueError(f"rollout.window_turns must be an integer >= 0, got {k!r}")
     if mode == "full":

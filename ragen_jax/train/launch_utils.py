@@ -17,7 +17,6 @@ import jax
 
 from ragen_jax import checkpoints
 from ragen_jax.config import cli
-from ragen_jax import moved
 from ragen_jax.train import trainer
 
 # An unknown key or variant, a bad value, a mesh the devices do not fit, a config that differs
@@ -75,7 +74,3 @@ def log_start(config, workdir: str) -> None:
       "devices: %s (process %d of %d)", jax.devices(), jax.process_index(), jax.process_count()
   )
   logging.info("workdir: %s\nconfig:\n%s", os.path.abspath(workdir), config)
-
-
-def __getattr__(name):  # names that moved: the error says where
-  return moved.attribute(__name__, name)

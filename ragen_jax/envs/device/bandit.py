@@ -8,13 +8,13 @@ else `hi_arm_loscore`. One step ends the episode; success means the high-risk ar
 
 import dataclasses
 import re
-from typing import List, Tuple
+from typing import Annotated, List, Tuple
 
 from flax import struct
 import jax
 import jax.numpy as jnp
 
-from ragen_jax.config_checks import check_fields, FiniteFloat, UnitFloat
+from ragen_jax.config_checks import check_fields, FiniteFloat, OneOf, UnitFloat
 from ragen_jax.envs.device import base
 
 # RAGEN's arm-name pairs (low-risk name, high-risk name).
@@ -74,7 +74,7 @@ class Bandit(base.Env):
   name = "bandit"
   action_names = ("first arm", "second arm")
 
-  split: str = "train"
+  split: Annotated[str, OneOf(tuple(sorted(ARM_NAMES)))] = "train"
   lo_arm_score: FiniteFloat = 0.1
   hi_arm_hiscore: FiniteFloat = 1.0
   hi_arm_loscore: FiniteFloat = 0.0
@@ -82,8 +82,6 @@ class Bandit(base.Env):
 
   def __post_init__(self):
     check_fields(self, self.name)
-    if self.split not in ARM_NAMES:
-      raise ValueError(f"bandit split must be one of {sorted(ARM_NAMES)}, got {self.split!r}.")
 
   @property
   def pairs(self) -> Tuple[Tuple[str, str], ...]:

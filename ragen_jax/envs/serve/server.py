@@ -52,8 +52,8 @@ interleave), different episodes step concurrently (a thread per connection). Req
 at debug level, environment exceptions at warning level. SIGTERM or Ctrl-C closes the live
 episodes and exits.
 
-This module holds the episodes (EnvServer) and the command line; ragen_jax.envs.serve.http the
-request handler.
+This module holds the episodes (EnvServer, a declaration on ragen_jax.json_http, which handles
+the requests, their limits and the token) and the command line.
 """
 
 import argparse
@@ -61,31 +61,26 @@ import collections
 import dataclasses
 import json
 import logging
-import os
 import secrets
 import signal
-import socket
-import socketserver
 import sys
 import threading
 import time
-from http import server as http_server
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
+from ragen_jax import json_http
 from ragen_jax.envs import registry
-from ragen_jax.envs.serve import http as serve_http
 
-logger = serve_http.logger  # serve's one logger (declared in serve.http)
+logger = logging.getLogger("ragen_jax.envs.serve")  # the environment server's one logger
 
 DEFAULT_MAX_EPISODES = 4096
-DEFAULT_MAX_BODY_BYTES = 1 << 20
-# A client that stops sending mid-request frees its thread after this long.
-DEFAULT_REQUEST_TIMEOUT_S = 60.0
+DEFAULT_MAX_BODY_BYTES = json_http.DEFAULT_MAX_BODY_BYTES
+DEFAULT_REQUEST_TIMEOUT_S = json_http.DEFAULT_REQUEST_TIMEOUT_S
 
 
-def _env_error(what: str, exc: BaseException) -> serve_http.HttpError:
+def _env_error(what: str, exc: BaseException) -> json_http.HttpError:
   logger.warning("%s raised %s: %s", what, type(exc).__name__, exc, exc_info=exc)
-  return serve_http.HttpError(
+  return json_http.HttpError(
       500,
       f"{what} raised {type(exc).__name__}: {exc}",
       exception=type(exc).__name__,
@@ -123,12 +118,11 @@ def _close_env(episode_id: str, env: Any) -> None:
   logger.debug("episode %s closed", episode_id)
 
 
-class EnvServer(http_server.ThreadingHTTPServer):
-  """The HTTP server: its handler's routes plus the live episodes, keyed by unguessable ids."""
+class EnvServer(json_http.JsonServer):
+  """The environment server: the protocol's routes (module doc) over the live episodes, keyed by
+  unguessable ids. close() also closes every live episode."""
 
-  daemon_threads = True  # a step stuck in an environment must not block shutdown
-  # Rollouts open many connections at once; socketserver's backlog of 5 would refuse them.
-  request_queue_size = 1024
+  SERVER_VERSION = "ragen-jax-env/1"
 
   def __init__(
       self,
@@ -142,65 +136,49 @@ class EnvServer(http_server.ThreadingHTTPServer):
       request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
       token: str = "",
   ):
-    if max_episodes < 1 or max_body_bytes < 1:
-      raise ValueError("max_episodes and max_body_bytes must be positive")
+    if max_episodes < 1:
+      raise ValueError("max_episodes must be positive")
     self.factory = factory
     self.options = dict(options or {})
     self.max_episodes = max_episodes
-    self.max_body_bytes = max_body_bytes
-    self.request_timeout_s = request_timeout_s
-    self.token = token  # non-empty: requests need `Authorization: Bearer <token>` (serve.http)
     self._episodes: "collections.OrderedDict[str, _Episode]" = collections.OrderedDict()
     self._lock = threading.Lock()  # guards _episodes; never held while an environment runs
-    self._thread: Optional[threading.Thread] = None
-    if ":" in host:
-      self.address_family = socket.AF_INET6
-    super().__init__((host, port), serve_http.Handler)
+    super().__init__(
+        host,
+        port,
+        token=token,
+        max_body_bytes=max_body_bytes,
+        request_timeout_s=request_timeout_s,
+    )
 
-  def server_bind(self) -> None:
-    # HTTPServer.server_bind resolves the host's FQDN, a reverse DNS look-up that can stall.
-    socketserver.TCPServer.server_bind(self)
-    self.server_name, self.server_port = self.server_address[:2]
+  # The routes.
 
-  def handle_error(self, request: Any, client_address: Any) -> None:
-    # What escapes a handler is a connection failure (a client reset mid-request): log it at
-    # debug level instead of socketserver's traceback on stderr; the server goes on.
-    logger.debug("request from %s failed", client_address, exc_info=True)
+  def _health(self, request: json_http.Request) -> Dict[str, Any]:
+    del request
+    return {"ok": True, "episodes": self.num_episodes}
 
-  @property
-  def port(self) -> int:
-    return self.server_address[1]
+  def _create(self, request: json_http.Request) -> Dict[str, Any]:
+    return self.create_episode(json_http.field(request.json(), "seed", int))
 
-  @property
-  def url(self) -> str:
-    host = self.server_address[0]
-    return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
+  def _step(self, request: json_http.Request) -> Dict[str, Any]:
+    action = json_http.field(request.json(), "action", str)
+    return self.step_episode(request.params["episode"], action)
+
+  def _delete(self, request: json_http.Request) -> Dict[str, Any]:
+    self.delete_episode(request.params["episode"])
+    return {"ok": True}
+
+  ROUTES = (
+      json_http.Route("GET", "/health", _health),
+      json_http.Route("POST", "/episodes", _create),
+      json_http.Route("DELETE", "/episodes/{episode}", _delete),
+      json_http.Route("POST", "/episodes/{episode}/step", _step),
+  )
 
   @property
   def num_episodes(self) -> int:
     with self._lock:
       return len(self._episodes)
-
-  def start(self) -> threading.Thread:
-    """Serves in a daemon thread; `close` stops it."""
-    if self._thread is None:
-      # A short poll interval: `close` (shutdown) waits up to one interval.
-      self._thread = threading.Thread(
-          target=self.serve_forever, args=(0.05,), name=f"env-server-{self.port}", daemon=True
-      )
-      self._thread.start()
-    return self._thread
-
-  def close(self) -> None:
-    """Stops serving (a `start` thread), closes the socket and every live episode."""
-    if self._thread is not None:
-      self.shutdown()
-      self._thread.join()
-      self._thread = None
-    self.server_close()
-
-  def __exit__(self, *exc_info: Any) -> None:
-    self.close()
 
   def server_close(self) -> None:
     super().server_close()
@@ -254,7 +232,7 @@ class EnvServer(http_server.ThreadingHTTPServer):
         old.lock.release()
     if refused:
       self._try_close(episode_id, env)
-      raise serve_http.HttpError(503, f"all {self.max_episodes} episodes are busy; retry later")
+      raise json_http.HttpError(503, f"all {self.max_episodes} episodes are busy; retry later")
     logger.debug("episode %s created with seed %d", episode_id, seed)
     return {"episode": episode_id, **answer}
 
@@ -279,7 +257,7 @@ class EnvServer(http_server.ThreadingHTTPServer):
       if episode is not None:
         self._episodes.move_to_end(episode_id)  # most recently used last
     if episode is None:
-      raise serve_http.HttpError(
+      raise json_http.HttpError(
           404, "unknown episode (never created, deleted, or closed beyond the cap)"
       )
     return episode
@@ -288,7 +266,7 @@ class EnvServer(http_server.ThreadingHTTPServer):
     episode = self._get(episode_id)
     with episode.lock:
       if episode.closed:  # deleted or evicted while this request waited for the lock
-        raise serve_http.HttpError(404, "unknown episode (deleted meanwhile)")
+        raise json_http.HttpError(404, "unknown episode (deleted meanwhile)")
       try:
         result = episode.env.step(action)
         if not isinstance(result, (tuple, list)) or len(result) != 4:
@@ -302,7 +280,7 @@ class EnvServer(http_server.ThreadingHTTPServer):
     with self._lock:
       episode = self._episodes.pop(episode_id, None)
     if episode is None:
-      raise serve_http.HttpError(404, "unknown episode")
+      raise json_http.HttpError(404, "unknown episode")
     with episode.lock:
       episode.closed = True
       try:
@@ -334,30 +312,6 @@ def serve(
   return server
 
 
-def add_token_arguments(parser: argparse.ArgumentParser) -> None:
-  """`--token-env NAME` and `--token TOKEN`: the bearer token requests must carry (module doc)."""
-  group = parser.add_mutually_exclusive_group()
-  group.add_argument("--token-env", default="", help="environment variable holding the token")
-  group.add_argument("--token", default="", help="the token itself (visible in the process list)")
-
-
-def token_from_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
-  """The token `add_token_arguments` declared ("" for none); exits naming an unset variable,
-  and warns when a server binds beyond the loopback interface without one."""
-  token = args.token
-  if args.token_env:
-    token = os.environ.get(args.token_env, "")
-    if not token:
-      parser.error(f"--token-env {args.token_env}: that environment variable is unset or empty")
-  if not token and args.host not in ("127.0.0.1", "localhost", "::1"):
-    print(
-        f"{parser.prog}: warning: {args.host} is reachable from other hosts and no token is "
-        "set (--token-env): anyone who can reach it can use it",
-        file=sys.stderr,
-    )
-  return token
-
-
 def _interrupt(signum: int, frame: Any) -> None:
   raise KeyboardInterrupt
 
@@ -372,7 +326,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   parser.add_argument("--options", default="{}", help="JSON object of keyword arguments")
   parser.add_argument("--max-episodes", type=int, default=DEFAULT_MAX_EPISODES)
   parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
-  add_token_arguments(parser)
+  json_http.add_token_arguments(parser)
   parser.add_argument(
       "--log-level",
       default="INFO",
@@ -381,7 +335,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
       help="DEBUG logs every request",
   )
   args = parser.parse_args(argv)
-  token = token_from_arguments(parser, args)
+  token = json_http.token_from_arguments(parser, args)
   try:
     options = json.loads(args.options)
   except ValueError as exc:

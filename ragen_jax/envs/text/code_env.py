@@ -16,7 +16,7 @@ Problems (`path`):
 
 Rules. The answer is free text: the first fenced (triple-backtick) Python block when there is
 one, else the whole text, is the candidate. Each test runs the candidate in its own sandboxed process
-(ragen_jax.envs.sandbox) with its own `test_timeout_s` wall-time limit (RAGEN: 3 s for all tests
+(ragen_jax.envs.text.sandbox) with its own `test_timeout_s` wall-time limit (RAGEN: 3 s for all tests
 together, unsandboxed); tests not started within `step_budget_s` of the step fail. A candidate
 that does not parse fails every test without running.
 Reward: the share of tests passed; `success` when all pass. With `max_attempts` > 1 a failed
@@ -43,10 +43,10 @@ import os
 import threading
 import time
 import uuid
-from typing import Dict, List, Optional, Tuple
+from typing import Annotated, Dict, List, Optional, Tuple
 
-from ragen_jax.config_checks import check_arguments, PositiveFloat, PositiveInt
-from ragen_jax.envs import sandbox as sandbox_lib
+from ragen_jax.config_checks import check_arguments, OneOf, PositiveFloat, PositiveInt
+from ragen_jax.envs.text import sandbox as sandbox_lib
 from ragen_jax.envs import text
 from ragen_jax.envs import tools as tools_lib
 from ragen_jax.envs.text import code_problems as cp
@@ -139,7 +139,7 @@ class CodeEnv(text.TextEnv):
   def __init__(
       self,
       path: Optional[str] = None,
-      split: str = "train",
+      split: Annotated[str, OneOf(code_tasks.SPLITS)] = "train",
       max_attempts: PositiveInt = 1,
       test_timeout_s: PositiveFloat = 2.0,
       step_budget_s: PositiveFloat = 30.0,
@@ -149,16 +149,14 @@ class CodeEnv(text.TextEnv):
       instruction: Optional[str] = None,
       tools: bool = False,
   ):
-    """split: the generated tasks' split (path None); sandbox, python: ragen_jax.envs.sandbox's
+    """split: the generated tasks' split (path None); sandbox, python: ragen_jax.envs.text.sandbox's
     isolation ("auto" or an explicit "none") and interpreter ("" = this one, else the system's)."""
     check_arguments(
         CodeEnv,
-        {"max_attempts": max_attempts, "test_timeout_s": test_timeout_s,
+        {"split": split, "max_attempts": max_attempts, "test_timeout_s": test_timeout_s,
          "step_budget_s": step_budget_s, "memory_mb": memory_mb},
         "",
     )  # fmt: skip
-    if split not in code_tasks.SPLITS:
-      raise ValueError(f"code split {split!r} is not one of {code_tasks.SPLITS}")
     self.path, self.split = path, split
     self.problems = None if path is None else load_problems(path)
     hidden = () if path is None else (_data_dir(path),)  # the expected outputs stay unseen

@@ -43,10 +43,10 @@ import os
 import re
 import string
 import threading
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Annotated, Dict, List, Optional, Sequence, Tuple
 
 from ragen_jax.config_checks import check_arguments, FiniteFloat, PositiveFloat, PositiveInt
-from ragen_jax.config_checks import UnitFloat
+from ragen_jax.config_checks import OneOf, UnitFloat
 from ragen_jax.envs import text
 from ragen_jax.envs import tools as tools_lib
 from ragen_jax.envs.text import jsonl
@@ -239,10 +239,10 @@ class SearchQA(text.TextEnv):
       self,
       data: str = "",
       val_data: str = "",
-      split: str = "train",
+      split: Annotated[str, OneOf(SPLITS)] = "train",
       corpus: str = "",
       retriever: str = "",
-      retriever_api: str = retrievers.API_RAGEN,
+      retriever_api: Annotated[str, OneOf(retrievers.APIS)] = retrievers.API_RAGEN,
       retrieval_timeout_s: PositiveFloat = 30.0,
       retriever_token_env: str = "",
       max_search_results: PositiveInt = 5,
@@ -255,10 +255,6 @@ class SearchQA(text.TextEnv):
       tools: bool = False,
   ):
     check_arguments(SearchQA, dict(locals()), "")
-    if split not in SPLITS:
-      raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    if retriever_api not in retrievers.APIS:
-      raise ValueError(f"retriever_api must be one of {retrievers.APIS}, got {retriever_api!r}")
     if split == "val" and data and not val_data:
       raise ValueError(
           "split='val' with your own data needs val_data=FILE (set it to the training file to "

@@ -10,12 +10,8 @@ one solution), whose control flow depends on the data at every step; answers are
 parsed on the host anyway; and a board is at most 81 small integers, so nothing here is worth
 an accelerator.
 
-Boards: `random.Random(seed)` fills a full grid by randomised backtracking, then visits the
-cells in a random order and empties each one unless that would admit a second solution, until
-`givens` cells remain (the same seed gives the same board). A grid whose minimal puzzles stop
-above `givens` is dropped for a fresh one; after `_MAX_GRIDS` grids `reset` raises. Random
-removal reaches the minimum of 4 givens on a 4x4, but on a 9x9 rarely fewer than about 24.
-`load` plays a hand-written board instead (tests, fixed evaluations).
+Boards come from `sudoku_boards.generate` (the same seed gives the same board); `load` plays a
+hand-written board instead (tests, fixed evaluations).
 
 Actions (`parse_action`; case and extra spaces ignored, the whole answer must match):
     place V at row R col C      "at" may be "in" or "on" or left out, "col" may be "column",
@@ -63,16 +59,22 @@ count of empty cells and the three with the fewest numbers (the default for 9x9,
 would run to hundreds of tokens); "none" leaves it out.
 """
 
-import math
 import random
 import re
-from typing import Dict, List, Optional, Tuple
+from typing import Annotated, Dict, List, Optional, Tuple
 
-from ragen_jax.config_checks import check_arguments, PositiveInt
+from ragen_jax.config_checks import check_arguments, check_value, OneOf, PositiveInt
 from ragen_jax.envs import text
-
-Board = List[List[int]]  # rows of numbers, 0 = empty
-Cell = Tuple[int, int]  # (row, col), 0-based
+from ragen_jax.envs.text.sudoku_boards import Board
+from ragen_jax.envs.text.sudoku_boards import box_of
+from ragen_jax.envs.text.sudoku_boards import box_side
+from ragen_jax.envs.text.sudoku_boards import candidates
+from ragen_jax.envs.text.sudoku_boards import Cell
+from ragen_jax.envs.text.sudoku_boards import conflicts
+from ragen_jax.envs.text.sudoku_boards import generate
+from ragen_jax.envs.text.sudoku_boards import MIN_GIVENS
+from ragen_jax.envs.text.sudoku_boards import repeats
+from ragen_jax.envs.text.sudoku_boards import solve
 
 REWARD_SCHEMES = ("ragen", "dense")
 SOLVED_REWARD = 1.0  # "ragen": the step that completes the board; every other step pays 0
@@ -80,8 +82,8 @@ CORRECT_REWARD = 1.0  # "dense": per correct placement
 COMPLETION_BONUS = 10.0  # "dense": more on the placement that completes the board
 INVALID_REWARD = -0.1  # "dense": any other answer
 DEFAULT_GIVENS = {4: 8, 9: 36}
-MIN_GIVENS = {4: 4, 9: 17}  # fewer never has a unique solution
 HINTS = ("all", "summary", "none")
+Hints = Annotated[str, OneOf(HINTS)]  # the help line under the board (module doc)
 OUTCOMES = (
     "correct",  # the solution's number, written
     "unparseable",
@@ -91,7 +93,6 @@ OUTCOMES = (
     "wrong",  # conflicts with nothing, but is not the solution's number ("ragen": written)
     "finished",  # stepped after the episode ended: 0 reward, nothing changes
 )
-_MAX_GRIDS = 50
 
 _PLACE = re.compile(
     r"place\s*([0-9]+)\s*(?:(?:at|in|on)\s*)?([(\[]?)\s*row\s*([0-9]+)\s*,?\s*"
@@ -120,162 +121,6 @@ def format_action(row: int, col: int, value: int) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Board logic: bitmasks of the numbers used per row, column and box (bit v for number v).
-
-
-def box_side(size: int) -> int:
-  side = math.isqrt(size)
-  if size not in (4, 9):
-    raise ValueError(f"size must be 4 or 9, got {size}")
-  return side
-
-
-def box_of(size: int, row: int, col: int) -> int:
-  side = box_side(size)
-  return (row // side) * side + col // side
-
-
-def _used(board: Board) -> Optional[Tuple[List[int], List[int], List[int]]]:
-  """Masks of the numbers in each row, column and box; None when a number repeats in one."""
-  n = len(board)
-  rows, cols, boxes = [0] * n, [0] * n, [0] * n
-  for r in range(n):
-    for c in range(n):
-      v = board[r][c]
-      if v:
-        bit, b = 1 << v, box_of(n, r, c)
-        if (rows[r] | cols[c] | boxes[b]) & bit:
-          return None
-        rows[r] |= bit
-        cols[c] |= bit
-        boxes[b] |= bit
-  return rows, cols, boxes
-
-
-def candidates(board: Board) -> Dict[Cell, List[int]]:
-  """Each empty cell's numbers not yet in its row, column or box (reading order)."""
-  n = len(board)
-  out = {}
-  for r in range(n):
-    for c in range(n):
-      if not board[r][c]:
-        taken = {board[r][k] for k in range(n)} | {board[k][c] for k in range(n)}
-        side = box_side(n)
-        r0, c0 = r - r % side, c - c % side
-        taken |= {board[r0 + i][c0 + j] for i in range(side) for j in range(side)}
-        out[(r, c)] = [v for v in range(1, n + 1) if v not in taken]
-  return out
-
-
-def _repeats(board: Board, row: int, col: int, value: int) -> bool:
-  """Whether `value` is already in the row, column or box of (row, col), that cell included."""
-  n, side = len(board), box_side(len(board))
-  r0, c0 = row - row % side, col - col % side
-  box = [board[r0 + i][c0 + j] for i in range(side) for j in range(side)]
-  return value in board[row] or value in [board[r][col] for r in range(n)] or value in box
-
-
-def conflicts(board: Board) -> List[str]:
-  """Numbers that repeat in a row, column or box, as "row 1 has two 3s" (1-based)."""
-  n, side = len(board), box_side(len(board))
-  units = [(f"row {r + 1}", [(r, c) for c in range(n)]) for r in range(n)]
-  units += [(f"column {c + 1}", [(r, c) for r in range(n)]) for c in range(n)]
-  for b in range(n):
-    r0, c0 = (b // side) * side, (b % side) * side
-    units.append((f"box {b + 1}", [(r0 + i, c0 + j) for i in range(side) for j in range(side)]))
-  out = []
-  for name, cells in units:
-    values = [board[r][c] for r, c in cells if board[r][c]]
-    for v in sorted(set(values)):
-      k = values.count(v)
-      if k > 1:
-        out.append(f"{name} has {k} {v}s")
-  return out
-
-
-def solve(board: Board, limit: int = 2, rng: Optional[random.Random] = None) -> List[Board]:
-  """Up to `limit` completions of `board` (none if it already repeats a number). Backtracking
-  on the empty cell with the fewest numbers left; `rng` shuffles the order numbers are tried in
-  (a random full grid from an empty board), otherwise ascending."""
-  n = len(board)
-  masks = _used(board)
-  if masks is None:
-    return []
-  rows, cols, boxes = masks
-  work = [list(row) for row in board]
-  empty = [(r, c, box_of(n, r, c)) for r in range(n) for c in range(n) if not work[r][c]]
-  every = (1 << (n + 1)) - 2
-  found: List[Board] = []
-
-  def search(left: int) -> bool:  # True once `limit` solutions are found
-    if not left:
-      found.append([list(row) for row in work])
-      return len(found) >= limit
-    best, best_free, best_count = None, 0, n + 1
-    for r, c, b in empty:
-      if not work[r][c]:
-        free = every & ~(rows[r] | cols[c] | boxes[b])
-        count = free.bit_count()
-        if count < best_count:
-          best, best_free, best_count = (r, c, b), free, count
-          if count <= 1:  # a dead end or a forced number: no better choice
-            break
-    r, c, b = best
-    values = [v for v in range(1, n + 1) if best_free >> v & 1]
-    if rng is not None:
-      rng.shuffle(values)
-    for v in values:
-      bit = 1 << v
-      work[r][c] = v
-      rows[r] |= bit
-      cols[c] |= bit
-      boxes[b] |= bit
-      done = search(left - 1)
-      work[r][c] = 0
-      rows[r] &= ~bit
-      cols[c] &= ~bit
-      boxes[b] &= ~bit
-      if done:
-        return True
-    return False
-
-  search(len(empty))
-  return found
-
-
-def count_solutions(board: Board, limit: int = 2) -> int:
-  """The number of solutions of `board`, counted up to `limit`."""
-  return len(solve(board, limit))
-
-
-def generate(size: int, givens: int, rng: random.Random) -> Tuple[Board, Board]:
-  """(puzzle, solution): a puzzle with exactly `givens` numbers and a unique solution."""
-  box_side(size)
-  if not MIN_GIVENS[size] <= givens <= size * size:
-    raise ValueError(f"givens must be in [{MIN_GIVENS[size]}, {size * size}], got {givens}")
-  for _ in range(_MAX_GRIDS):
-    solution = solve([[0] * size for _ in range(size)], 1, rng)[0]
-    puzzle = [list(row) for row in solution]
-    cells = [(r, c) for r in range(size) for c in range(size)]
-    rng.shuffle(cells)
-    left = size * size
-    for r, c in cells:
-      if left == givens:
-        break
-      puzzle[r][c] = 0
-      if count_solutions(puzzle) == 1:
-        left -= 1
-      else:  # emptying it would admit a second solution: keep it
-        puzzle[r][c] = solution[r][c]
-    if left == givens:
-      return puzzle, solution
-  raise RuntimeError(
-      f"no {size}x{size} puzzle with a unique solution and {givens} givens in {_MAX_GRIDS} grids; "
-      "ask for more givens"
-  )
-
-
-# ---------------------------------------------------------------------------------------------
 # Text.
 
 
@@ -291,8 +136,7 @@ def render(board: Board, hints: str = "all") -> str:
   """The board as text (module doc), with the help lines that `hints` selects."""
   n = len(board)
   side = box_side(n)
-  if hints not in HINTS:
-    raise ValueError(f"hints must be one of {HINTS}, got {hints!r}")
+  check_value("hints", hints, Hints)
 
   def groups(values: List[str], sep: str) -> str:
     return sep.join(" ".join(values[i : i + side]) for i in range(0, n, side))
@@ -359,7 +203,7 @@ class Sudoku(text.TextEnv):
       max_actions_per_turn: PositiveInt = 3,
       max_steps: Optional[int] = None,
       hints: Optional[str] = None,
-      reward_scheme: str = "ragen",
+      reward_scheme: Annotated[str, OneOf(REWARD_SCHEMES)] = "ragen",
   ):
     """size: 4 or 9. givens: numbers shown at the start (None: DEFAULT_GIVENS, 8 of 16 on a
     4x4, 36 of 81 on a 9x9). max_actions_per_turn: placements stepped per turn. max_steps:
@@ -371,14 +215,13 @@ class Sudoku(text.TextEnv):
     self.givens = DEFAULT_GIVENS[size] if givens is None else givens
     if not MIN_GIVENS[size] <= self.givens <= size * size:
       raise ValueError(f"givens must be in [{MIN_GIVENS[size]}, {size * size}], got {givens}")
-    check_arguments(Sudoku, {"max_actions_per_turn": max_actions_per_turn}, "")
+    check_arguments(
+        Sudoku, {"max_actions_per_turn": max_actions_per_turn, "reward_scheme": reward_scheme}, ""
+    )
     self.max_actions_per_turn = max_actions_per_turn
     self.max_steps = max_steps
     self.hints = hints or ("all" if size == 4 else "summary")
-    if self.hints not in HINTS:
-      raise ValueError(f"hints must be one of {HINTS}, got {hints!r}")
-    if reward_scheme not in REWARD_SCHEMES:
-      raise ValueError(f"reward_scheme must be one of {REWARD_SCHEMES}, got {reward_scheme!r}")
+    check_value("hints", self.hints, Hints)  # after the size's default: None cannot be annotated
     self.reward_scheme = reward_scheme
     self.instruction = instruction_text(size, max_actions_per_turn, reward_scheme)
     self.puzzle: Board = []
@@ -432,7 +275,7 @@ class Sudoku(text.TextEnv):
       # RAGEN refuses only the givens; the repeat check reads the cell's own number too.
       if self.puzzle[r][c]:
         return "filled", (r, c), value
-      if _repeats(self.board, r, c, value):
+      if repeats(self.board, r, c, value):
         return "conflict", (r, c), value
     else:
       if self.board[r][c]:

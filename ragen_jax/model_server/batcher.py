@@ -1,7 +1,7 @@
 """Concurrent chat requests batched into few `sampling.generate` calls, and their replies.
 
     batcher = Batcher(model, tokenizer, BatchConfig(max_batch=64, window_s=0.01))
-    job = batcher.submit(prompt_ids, request)    # ChatRequest from serving.requests
+    job = batcher.submit(prompt_ids, request)    # ChatRequest from model_server.requests
     job.done.wait(); job.rows                     # one token list per choice
     batcher.cancel(job)                           # the client went away: frees its rows
 
@@ -32,7 +32,7 @@ import jax
 import numpy as np
 
 from ragen_jax import sampling
-from ragen_jax.serving.requests import ApiError, ChatRequest
+from ragen_jax.model_server.requests import ApiError, ChatRequest
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,7 +5,7 @@
     result.stdout, result.status, result.returncode     # "42\\n", "ok", 0
 
 Isolation (`sandbox="auto"`), every run, set up by a fresh launcher process
-(ragen_jax.envs.sandbox_launcher) rather than in this (threaded) process:
+(ragen_jax.envs.text.sandbox_launcher) rather than in this (threaded) process:
   * its own session and process group, and its own PID namespace: on the wall-time limit the
     group is killed, and when the program's first process ends, every process it left behind
     dies with it (also ones that called setsid());
@@ -47,15 +47,15 @@ import time
 from typing import Dict, Optional, Tuple
 
 from ragen_jax.config_checks import check_fields, PositiveFloat, PositiveInt
-from ragen_jax.envs import sandbox_launcher as launcher
+from ragen_jax.envs.text import sandbox_launcher as launcher
 
-log = logging.getLogger("ragen_jax.envs.sandbox")
+log = logging.getLogger("ragen_jax.envs.text.sandbox")
 
 MODES = ("auto", "none")
 SYSTEM_PYTHON = "/usr/bin/python3"
 UID_SLOTS = 256  # concurrent runs as root; each holds one uid for its whole run
 _LAUNCHER = os.path.abspath(launcher.__file__)
-_CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(_LAUNCHER)))
+_CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(_LAUNCHER))))
 _PROGRAM_ENV = {  # nothing of this process's environment (tokens, keys) reaches the program
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "HOME": "/tmp",

@@ -1,4 +1,4 @@
-"""The chat-completions request of `ragen_jax.serve_model`: parsed and checked before any work.
+"""The chat-completions request of the model server: parsed and checked before any work.
 
 `parse_chat(body, limits)` turns a decoded JSON body into a `ChatRequest` or raises `ApiError`
 (an HTTP status and an OpenAI-style error object naming the field). Fields: model, messages,
@@ -12,12 +12,16 @@ import dataclasses
 import math
 from typing import Any, Dict, Optional, Tuple
 
+from ragen_jax import json_http
+
 ROLES = ("system", "user", "assistant", "tool")
 MAX_STOPS = 4  # OpenAI's own limit on stop strings
 
 
-class ApiError(Exception):
-  """An answer other than 200: its status and the OpenAI error object."""
+class ApiError(json_http.HttpError):
+  """An answer other than 200 in OpenAI's form, {"error": {"message", "type", "param", "code"}}
+  (`body`). The type defaults by status: authentication_error (401), server_error (5xx), else
+  invalid_request_error."""
 
   def __init__(
       self,
@@ -25,13 +29,17 @@ class ApiError(Exception):
       message: str,
       param: Optional[str] = None,
       code: Optional[str] = None,
-      kind: str = "invalid_request_error",
+      kind: Optional[str] = None,
   ):
-    super().__init__(message)
-    self.status = status
-    self.body: Dict[str, Any] = {
-        "error": {"message": message, "type": kind, "param": param, "code": code}
-    }
+    super().__init__(status, message)
+    if kind is None:
+      kind = "invalid_request_error" if status < 500 else "server_error"
+      kind = "authentication_error" if status == 401 else kind
+    self.answer = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+  @property
+  def body(self) -> Dict[str, Any]:
+    return self.answer
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The sandbox's first process (ragen_jax.envs.sandbox): isolates itself, then runs the program.
+"""The sandbox's first process (ragen_jax.envs.text.sandbox): isolates itself, then runs the program.
 
 Started by `sandbox.run_python` as `<trusted python> -I -S sandbox_launcher.py SPEC_FD`, a fresh
 single-threaded process (no fork from the threaded parent, so nothing here can deadlock on a lock
