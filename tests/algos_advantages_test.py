@@ -12,32 +12,10 @@ import numpy as np
 import pytest
 
 from ragen_jax import algos
+from references import ref_gae  # pylint: disable=g-bad-import-order
+from references import ref_masked_whiten  # pylint: disable=g-bad-import-order
 
 # ---------------------------------------------------------------- NumPy reference (rl_math.md)
-
-
-def ref_masked_whiten(x, m):
-  x = np.asarray(x, np.float64)
-  m = np.asarray(m, np.float64)
-  n = m.sum()
-  mu = (x * m).sum() / (n + 1e-8)
-  var = (((x - mu) ** 2) * m).sum() / (n + 1e-8)
-  var = var * n / (n - 1)
-  return (x - mu) / np.sqrt(var + 1e-8)
-
-
-def ref_gae(r, v, m, gamma, lam):
-  b, t_len = r.shape
-  adv = np.zeros((b, t_len))
-  for i in range(b):
-    nv, g = 0.0, 0.0
-    for t in reversed(range(t_len)):
-      delta = r[i, t] + gamma * nv - v[i, t]
-      cand = delta + gamma * lam * g
-      if m[i, t] == 1:
-        nv, g = v[i, t], cand
-      adv[i, t] = g
-  return ref_masked_whiten(adv, m), adv + v
 
 
 def ref_grpo(scores, ids, norm_by_std, eps=1e-6):

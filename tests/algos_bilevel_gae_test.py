@@ -13,8 +13,8 @@ import numpy as np
 from ragen_jax import algos
 from ragen_jax.algos import advantages as adv_lib
 
-from algos_advantages_test import ref_gae  # pylint: disable=g-bad-import-order
-from algos_advantages_test import ref_masked_whiten  # pylint: disable=g-bad-import-order
+from references import ref_gae  # pylint: disable=g-bad-import-order
+from references import ref_masked_whiten  # pylint: disable=g-bad-import-order
 
 
 def ref_bi_level(r, v, m, gamma, lam, high_gamma):

@@ -18,17 +18,9 @@ from ragen_jax import algos
 from ragen_jax import models
 from ragen_jax.batch import RolloutBatch
 from ragen_jax.batch import TurnBatch
+import tiny  # pylint: disable=g-bad-import-order
 
-MODEL = models.ModelConfig(
-    vocab_size=16,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=1,
-    num_heads=2,
-    num_kv_heads=1,
-    rope_theta=1e4,
-)
-FAST = {"xla_backend_optimization_level": 0}
+MODEL = tiny.model_config(vocab_size=16, num_layers=1)
 A, B_, C, D, PROMPT, OBS = 3, 4, 5, 6, 7, 8
 GROUPS, GROUP_SIZE = 4, 4
 EPISODES = GROUPS * GROUP_SIZE
@@ -88,7 +80,7 @@ def test_reward_raises_the_rewarded_first_turn_action(estimator):
       vocab_chunk=16,
       entropy_coeff=0.0,
   )
-  step = jax.jit(algos.make_train_step(actor, None, cfg, jit=False), compiler_options=FAST)
+  step = jax.jit(algos.make_train_step(actor, None, cfg, jit=False), compiler_options=tiny.FAST)
   state = algos.init_train_state(actor, None, cfg, jax.random.key(1))
   probe = _batch(actor, jax.random.key(2)).tokens_BxT[:1]
   before = float(_two_way(actor, probe, FIRST, (A, B_))[0])

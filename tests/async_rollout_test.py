@@ -23,14 +23,13 @@ from ragen_jax.algos.step_records import param_dict
 from ragen_jax.config import schema
 from ragen_jax.train import pipeline
 from ragen_jax.train import trainer
+from xla_devices import cpu_devices  # pylint: disable=g-bad-import-order
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _devices(n):
-  return dict(
-      os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n}", JAX_PLATFORMS="cpu"
-  )
+  return cpu_devices(n)
 
 
 @pytest.fixture(scope="module", name="runs")

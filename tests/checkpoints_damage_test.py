@@ -22,6 +22,7 @@ import pytest
 from ragen_jax import checkpoint_integrity
 from ragen_jax import checkpoints
 from ragen_jax import distributed
+from xla_devices import cpu_devices  # pylint: disable=g-bad-import-order
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -320,7 +321,7 @@ print("OK")
 
 def test_sharded_arrays_verify_whatever_the_sharding_they_are_restored_into(tmp_path):
   directory = str(tmp_path / "ckpt")
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+  env = cpu_devices(4)
   proc = subprocess.run(
       [sys.executable, "-c", _SHARDED, directory],
       cwd=ROOT,

@@ -8,21 +8,17 @@ import pytest
 from ragen_jax import algos
 from ragen_jax import checkpoints
 from ragen_jax import models
+import tiny  # pylint: disable=g-bad-import-order
 
 
 @pytest.fixture(scope="module")
 def train_state():
-  config = models.ModelConfig(
-      vocab_size=64,
+  config = tiny.model_config(
       hidden_size=16,
       intermediate_size=32,
       num_layers=1,
-      num_heads=2,
-      num_kv_heads=1,
       head_dim=8,
-      rope_theta=1e4,
       rms_norm_eps=1e-6,
-      tie_word_embeddings=True,
       max_position_embeddings=64,
   )
   actor = models.create(config, jax.random.PRNGKey(0))

@@ -6,9 +6,17 @@ import re
 import shutil
 import tempfile
 
-import hypothesis
-import jax
-import pytest
+# Before JAX starts: the tests' programs are compiled without LLVM's optimisations. On 2 CPU cores
+# compiling is most of the suite's time, and these programs are small: at level 0 a `:smoke`
+# launch takes about a quarter less CPU time, a unit-test file up to half (BENCHMARKS.md, "The
+# test suite"). The subprocesses and notebook kernels the tests start inherit the flag
+# (`cpu_devices` keeps it where a test sets its own device count).
+SESSION_XLA_FLAGS = "--xla_backend_optimization_level=0"
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {SESSION_XLA_FLAGS}".strip()
+
+import hypothesis  # pylint: disable=wrong-import-position
+import jax  # pylint: disable=wrong-import-position
+import pytest  # pylint: disable=wrong-import-position
 
 # Implicit rank promotion hides shape bugs (a [B] array meeting a [B, 1] one); tests forbid it.
 jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -67,6 +75,9 @@ _EARLY_FILES = (
 
 def pytest_collection_modifyitems(items):
   first = _LONG_FILES + _EARLY_FILES
+  for item in items:  # the slow tier (pytest.ini): `pytest -m "not slow"` runs the rest
+    if os.path.basename(str(item.fspath)) in first:
+      item.add_marker(pytest.mark.slow)
 
   def rank(item):
     name = os.path.basename(str(item.fspath))

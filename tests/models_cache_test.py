@@ -12,17 +12,9 @@ import numpy as np
 import pytest
 
 from ragen_jax import models
+import tiny  # pylint: disable=g-bad-import-order
 
-CONFIG = models.ModelConfig(
-    vocab_size=61,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    rope_theta=1e4,
-    tie_word_embeddings=False,
-)
+CONFIG = tiny.model_config(vocab_size=61, num_heads=4, num_kv_heads=2, tie_word_embeddings=False)
 
 
 def random_model(config=CONFIG, seed=0):

@@ -16,22 +16,14 @@ import pytest
 import safetensors.numpy
 import transformers
 
-from models_qwen2_test import hf_logits
-from models_qwen2_test import left_padded_batch
-from models_qwen2_test import randomise
 from ragen_jax import models
 from ragen_jax.models import checkpoint as hf_checkpoint
+from references import hf_logits  # pylint: disable=g-bad-import-order
+from tiny import left_padded_batch
+from tiny import PARITY
+from tiny import randomise
 
-CONFIG = models.ModelConfig(
-    vocab_size=97,
-    hidden_size=32,
-    intermediate_size=48,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    rope_theta=1e4,
-    tie_word_embeddings=False,
-)
+CONFIG = PARITY
 # Shard limits that split CONFIG's float32 weights into 4 files and into 2.
 FOUR_SHARDS, TWO_SHARDS = 30_000, 50_000
 IDS_BxT, MASK_BxT = left_padded_batch(np.random.default_rng(0), [6, 3], 6)

@@ -20,12 +20,12 @@ import torch
 import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from models_qwen2_test import hf_logits
-from models_qwen2_test import left_padded_batch
-from models_qwen2_test import randomise
 from ragen_jax import models
 from ragen_jax import sampling
 from ragen_jax.models import layers as ops
+from references import hf_logits  # pylint: disable=g-bad-import-order
+from tiny import left_padded_batch
+from tiny import randomise
 
 VOCAB = 97
 # Head size 16 at theta 1e4 has wavelengths 6.3, 19.9, 62.8, ... positions: with 32 original

@@ -11,22 +11,14 @@ import numpy as np
 import pytest
 import transformers
 
-from models_qwen2_test import hf_logits
-from models_qwen2_test import left_padded_batch
-from models_qwen2_test import randomise
 from ragen_jax import models
 from ragen_jax.models import lora
+from references import hf_logits  # pylint: disable=g-bad-import-order
+from tiny import left_padded_batch
+from tiny import PARITY
+from tiny import randomise
 
-CONFIG = models.ModelConfig(
-    vocab_size=97,
-    hidden_size=32,
-    intermediate_size=48,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    rope_theta=1e4,
-    tie_word_embeddings=False,
-)
+CONFIG = PARITY
 LORA = models.LoraConfig(rank=4, alpha=8.0)
 IDS_BxT, MASK_BxT = left_padded_batch(np.random.default_rng(0), [6, 3], 6)
 

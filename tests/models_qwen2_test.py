@@ -19,10 +19,14 @@ import transformers
 
 from flax import nnx
 from ragen_jax import models
+from references import hf_logits  # pylint: disable=g-bad-import-order
+from tiny import left_padded_batch
+from tiny import PARITY_VOCAB
+from tiny import randomise
 
 torch.manual_seed(0)
 
-VOCAB = 97
+VOCAB = PARITY_VOCAB
 
 # (name, Qwen2Config kwargs): tied/untied, GQA ratios 1/2/4/MHA, head sizes
 # 8/16/24 (one not equal to hidden // heads), rope theta 1e4 and 1e6.
@@ -85,25 +89,6 @@ def make_hf_model(seed, *, rope_theta, **kwargs):
   return model
 
 
-def hf_logits(model, ids_BxT, mask_BxT=None):
-  """transformers logits; positions from the mask as in left-padded decoding."""
-  ids = torch.tensor(np.asarray(ids_BxT), dtype=torch.long)
-  kwargs = {}
-  if mask_BxT is not None:
-    mask = torch.tensor(np.asarray(mask_BxT), dtype=torch.long)
-    kwargs = dict(attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
-  with torch.no_grad():
-    return model(input_ids=ids, **kwargs).logits.numpy()
-
-
-def left_padded_batch(rng, lengths, total):
-  ids = rng.integers(0, VOCAB, size=(len(lengths), total)).astype(np.int32)
-  mask = np.zeros_like(ids)
-  for row, n in enumerate(lengths):
-    mask[row, total - n :] = 1
-  return ids, mask
-
-
 @pytest.mark.parametrize("name", sorted(HF_CONFIGS))
 def test_load_hf_logits_match_transformers(tmp_path, name):
   hf = make_hf_model(1, **HF_CONFIGS[name])
@@ -137,18 +122,6 @@ def test_long_sequences_cross_attention_blocks_like_transformers(tmp_path):
   ours = np.asarray(jax.jit(lambda i, m: model(i, m))(ids, mask))
   real = mask.astype(bool)
   assert np.max(np.abs(ours[real] - hf_logits(hf, ids, mask)[real])) <= 1e-4
-
-
-def randomise(model, seed):
-  """Random values for every parameter (ours start with zero biases)."""
-  graphdef, state = nnx.split(model)
-  paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(state)
-  keys = jax.random.split(jax.random.key(seed), len(paths_leaves))
-  leaves = []
-  for k, (path, x) in zip(keys, paths_leaves):
-    noise = 0.2 * jax.random.normal(k, x.shape, x.dtype)
-    leaves.append(1.0 + noise if "norm" in jax.tree_util.keystr(path) else noise)
-  return nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
 
 
 @pytest.mark.parametrize("tied", [True, False])

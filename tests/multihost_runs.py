@@ -8,6 +8,7 @@ import pytest
 
 from ragen_jax import distributed
 from ragen_jax import logging_utils
+from xla_devices import cpu_devices  # pylint: disable=g-bad-import-order
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Collapse diagnostics at step 1 only (compute_freq=3): one compilation fewer per launch.
@@ -34,9 +35,7 @@ def env(devices: int):
       and not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))
   )
   env = {k: v for k, v in os.environ.items() if not cluster(k) and k != distributed.FORCE_ENV}
-  return dict(
-      env, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu"
-  )
+  return cpu_devices(devices, env)
 
 
 def free_port() -> int:

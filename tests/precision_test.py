@@ -18,11 +18,11 @@ from ragen_jax.config import schema
 from ragen_jax.config import cli
 from ragen_jax.train import policy
 from ragen_jax.train import run_state
-from train_step_test import make_batch  # pylint: disable=g-bad-import-order
-from train_step_test import MODEL  # pylint: disable=g-bad-import-order
+from tiny import FAST  # pylint: disable=g-bad-import-order
+from tiny import make_batch  # pylint: disable=g-bad-import-order
+from tiny import MODEL  # pylint: disable=g-bad-import-order
 
 BF16, F32 = jnp.bfloat16, jnp.float32
-FAST = {"xla_backend_optimization_level": 0}  # compile time dominates on 2 CPU cores
 
 
 def _tree(dtype, seed=0):

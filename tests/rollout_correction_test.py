@@ -19,6 +19,7 @@ from ragen_jax import algos
 from ragen_jax import models
 from ragen_jax.algos import losses
 from ragen_jax.batch import RolloutBatch
+import tiny  # pylint: disable=g-bad-import-order
 
 MODES = ("none", "tis", "icepop", "seq_mask")
 
@@ -225,16 +226,7 @@ def test_defaults():
 
 # ---------------------------------------------------------------- in the train step
 
-MODEL = models.ModelConfig(
-    vocab_size=64,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=1,
-    num_heads=2,
-    num_kv_heads=1,
-    rope_theta=1e4,
-)
-FAST = {"xla_backend_optimization_level": 0}  # compile time dominates on 2 CPU cores
+MODEL = tiny.model_config(num_layers=1)
 B, T = 8, 12
 FAR = -40.0  # a sampler log-prob that makes r = e^20 (clamped): far outside any band
 
@@ -271,7 +263,7 @@ def run_step(cfg, batch, tx=None):
   """One jitted step from a fixed actor; (actor parameters after, metrics) as NumPy."""
   actor = models.create(MODEL, jax.random.key(0))
   state = algos.init_train_state(actor, None, cfg, jax.random.key(1), actor_tx=tx)
-  step = algos.make_train_step(actor, None, cfg, actor_tx=tx, compiler_options=FAST)
+  step = algos.make_train_step(actor, None, cfg, actor_tx=tx, compiler_options=tiny.FAST)
   state, metrics = step(state, batch, jax.random.key(2))
   return jax.tree.map(np.asarray, state.actor_params), {
       k: np.asarray(v) for k, v in metrics.items()

@@ -24,6 +24,7 @@ from ragen_jax import tokenizers
 from ragen_jax.envs.device import sokoban
 from ragen_jax.rollout import env_batch
 from ragen_jax.rollout import policies
+from tiny import rollout_config  # pylint: disable=g-bad-import-order
 
 TOK = tokenizers.load("sentencepiece")
 
@@ -31,22 +32,6 @@ TOK = tokenizers.load("sentencepiece")
 @pytest.fixture(scope="module")
 def model():
   return models.create("tiny", jax.random.key(0))
-
-
-def small_config(**kw):
-  # One temperature and cache capacity (1536 slots) everywhere: tests share compiled code.
-  base = dict(
-      env_groups=2,
-      group_size=2,
-      max_turns=3,
-      max_new_tokens=16,
-      max_context=1024,
-      max_turn_tokens=400,
-      render_format="grid",
-      temperature=0.8,
-  )
-  base.update(kw)
-  return rollout.RolloutConfig(**base)
 
 
 def segments(mask_row):
@@ -62,7 +47,7 @@ def test_logprobs_equal_a_full_forward_over_the_final_sequences(model, monkeypat
   monkeypatch.setattr(
       sampling, "prefill_shared", lambda *a: shared.append(a[3].shape) or prefill_shared(*a)
   )
-  engine = rollout.Rollout(envs.make("sokoban"), TOK, small_config())
+  engine = rollout.Rollout(envs.make("sokoban"), TOK, rollout_config())
   result = engine.run(rollout.ModelPolicy(model), jax.random.key(1), seed=123)
   assert len(shared) == 1 and shared[0][0] == 1
   batch = result.batch
@@ -89,7 +74,7 @@ def test_logprobs_equal_a_full_forward_over_the_final_sequences(model, monkeypat
 
 
 def test_groups_share_a_start_and_rewards_sit_on_the_last_trained_token(model):
-  engine = rollout.Rollout(envs.make("sokoban"), TOK, small_config(max_turns=2))
+  engine = rollout.Rollout(envs.make("sokoban"), TOK, rollout_config(max_turns=2))
   result = engine.run(rollout.ModelPolicy(model), jax.random.key(2), seed=7)
   b = result.batch
   np.testing.assert_array_equal(np.asarray(b.group_ids_B), [0, 0, 1, 1])
@@ -107,7 +92,7 @@ def test_groups_share_a_start_and_rewards_sit_on_the_last_trained_token(model):
 
 
 def test_context_limit_stops_before_a_turn_and_is_counted(model):
-  probe = rollout.Rollout(envs.make("sokoban"), TOK, small_config(max_turns=1))
+  probe = rollout.Rollout(envs.make("sokoban"), TOK, rollout_config(max_turns=1))
   first = probe.run(rollout.ModelPolicy(model), jax.random.key(3), seed=5)
   prompt_len = int(
       np.asarray(first.batch.attention_mask_BxT).sum(1).max()
@@ -117,7 +102,7 @@ def test_context_limit_stops_before_a_turn_and_is_counted(model):
   limit = prompt_len + 40
   turn_cap = 1536 - (-(-limit // 256) * 256)  # keeps the 1536-slot cache of the other tests
   engine = rollout.Rollout(
-      envs.make("sokoban"), TOK, small_config(max_context=limit, max_turn_tokens=turn_cap)
+      envs.make("sokoban"), TOK, rollout_config(max_context=limit, max_turn_tokens=turn_cap)
   )
   assert engine.capacity == probe.capacity
   result = engine.run(rollout.ModelPolicy(model), jax.random.key(3), seed=5)
@@ -130,7 +115,7 @@ def test_context_limit_stops_before_a_turn_and_is_counted(model):
 
 
 def test_new_turns_and_batches_do_not_recompile(model):
-  engine = rollout.Rollout(envs.make("sokoban"), TOK, small_config())
+  engine = rollout.Rollout(envs.make("sokoban"), TOK, rollout_config())
   engine.run(rollout.ModelPolicy(model), jax.random.key(4), seed=11)
   programs = lambda: [
       f._cache_size() for f in (sampling._decode_jit, sampling.compact, sampling.prefill_shared)
@@ -143,7 +128,7 @@ def test_new_turns_and_batches_do_not_recompile(model):
 def test_a_shared_prefix_plays_as_the_whole_prompts(model, monkeypatch):
   """The first prompts' common beginning prefilled once and copied to every row: the same
   episodes, tokens and log-probs as each row prefilling its whole prompt (same key)."""
-  config = small_config()
+  config = rollout_config()
   play = lambda: rollout.Rollout(envs.make("sokoban"), TOK, config).run(
       rollout.ModelPolicy(model), jax.random.key(6), seed=40
   )
@@ -232,7 +217,7 @@ def test_scripted_sokoban_solution_and_junk(monkeypatch, model):
       "</think><answer>UP||down||left</answer>",
       "",
   ]
-  config = small_config(max_turns=5, max_new_tokens=32)
+  config = rollout_config(max_turns=5, max_new_tokens=32)
   result = scripted_run(monkeypatch, model, env, [solve, junk, ["x"] * 5, ["x"] * 5], config, seed)
   m = result.metrics
   turns = -(-len(plan) // 2)
@@ -299,7 +284,7 @@ def test_scripted_budget_and_turn_scores(monkeypatch, model):
   # Each reply's actions and whether it is penalised (no tags; an unknown word).
   parsed = {left2: ([0, 0], False), junk: ([], True), left_fly: ([0], True)}
   replies = [[left2] * 5, [junk] + [left2] * 4, [left_fly] + [left2] * 4, [junk, left_fly] * 3]
-  config = small_config(
+  config = rollout_config(
       max_turns=5, max_actions_per_traj=3, use_turn_scores=True, unchanged_penalty=-0.5
   )
   result = scripted_run(monkeypatch, model, env, replies, config, seed=3)
@@ -357,7 +342,7 @@ def test_scripted_budget_and_turn_scores(monkeypatch, model):
 
 def test_compact_prompts_play_the_same_episodes_in_fewer_tokens(monkeypatch, model):
   env = envs.make("frozenlake", success_rate=1.0)
-  ragen = small_config(max_turns=3, max_actions_per_traj=4, enable_think=False)
+  ragen = rollout_config(max_turns=3, max_actions_per_traj=4, enable_think=False)
   compact = dataclasses.replace(ragen, prompt_style="compact")
   replies = [["Left || Down</answer>", "Right</answer>", "x"]] * 4
   a, b = (scripted_run(monkeypatch, model, env, replies, c, seed=3) for c in (ragen, compact))
@@ -379,7 +364,7 @@ def test_compact_prompts_play_the_same_episodes_in_fewer_tokens(monkeypatch, mod
 
 def test_scripted_bandit_uses_the_arm_names(monkeypatch, model):
   env = envs.make("bandit")
-  config = small_config(max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1)
+  config = rollout_config(max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1)
   reset, _ = env_batch.env_functions(env)
   names = env.action_names_for(
       jax.tree.map(

@@ -26,10 +26,10 @@ from ragen_jax.algos import train_step
 from ragen_jax.algos.step_records import OldPass
 from ragen_jax.envs.device import sokoban
 from ragen_jax.train import batching
-import rollout_engine_test
+from tiny import FAST  # pylint: disable=g-bad-import-order
+from tiny import rollout_config
 
 TOK = tokenizers.load("sentencepiece")
-FAST = {"xla_backend_optimization_level": 0}  # compile time dominates on 2 CPU cores
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def model():
 
 def config(**kw):
   """The engine tests' small rollout (the same compiled programs) with a window of one turn."""
-  return rollout_engine_test.small_config(**{"context_window": "last_k", "window_turns": 1, **kw})
+  return rollout_config(**{"context_window": "last_k", "window_turns": 1, **kw})
 
 
 def shown_turns(prompt_ids):

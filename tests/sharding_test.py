@@ -13,11 +13,10 @@ from ragen_jax import models
 from ragen_jax import sharding
 from ragen_jax.config import schema
 from ragen_jax.config import cli
+from xla_devices import cpu_devices  # pylint: disable=g-bad-import-order
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EIGHT_DEVICES = dict(
-    os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu"
-)
+EIGHT_DEVICES = cpu_devices(8)
 
 
 def test_minus_one_fills_the_remaining_devices_and_bad_products_name_the_numbers():

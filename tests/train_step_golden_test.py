@@ -15,16 +15,11 @@ import numpy as np
 from ragen_jax import algos
 from ragen_jax import models
 from ragen_jax.batch import RolloutBatch
+from tiny import B  # pylint: disable=g-bad-import-order
+from tiny import FAST
+from tiny import MODEL
+from tiny import T
 
-MODEL = models.ModelConfig(
-    vocab_size=64,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=2,
-    num_heads=2,
-    num_kv_heads=1,
-    rope_theta=1e4,
-)
 CFG = algos.PPOConfig(
     num_minibatches=2,
     micro_batches=2,
@@ -36,8 +31,6 @@ CFG = algos.PPOConfig(
     kl_type="k3",
     vocab_chunk=24,
 )
-FAST = {"xla_backend_optimization_level": 0}  # compile time dominates on 2 CPU cores
-B, T = 8, 12
 
 # Recorded on CPU (XLA:CPU, the FAST options above). critic/advantages/mean is left out: whitened
 # advantages average to float noise around 0.

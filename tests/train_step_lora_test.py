@@ -11,9 +11,9 @@ from ragen_jax import algos
 from ragen_jax import models
 from ragen_jax import sharding
 from ragen_jax.models import lora
-from train_step_test import FAST
-from train_step_test import make_batch
-from train_step_test import MODEL
+from tiny import FAST
+from tiny import make_batch
+from tiny import MODEL
 
 
 def flat(tree):

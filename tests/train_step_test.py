@@ -15,44 +15,11 @@ from ragen_jax import algos
 from ragen_jax import models
 from ragen_jax.batch import RolloutBatch
 from ragen_jax.batch import TurnBatch
-
-MODEL = models.ModelConfig(
-    vocab_size=64,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=2,
-    num_heads=2,
-    num_kv_heads=1,
-    rope_theta=1e4,
-)
-FAST = {"xla_backend_optimization_level": 0}  # compile time dominates on 2 CPU cores
-B, T = 8, 12
-
-
-def make_batch(seed=0, scores=(1.0, 0.0, 1.0, 0.0, 2.0, 0.5, 3.0, 2.0)):
-  """Two groups of 4; left padding; two assistant turns with observation tokens between."""
-  rng = np.random.RandomState(seed)
-  tokens = rng.randint(1, MODEL.vocab_size, (B, T)).astype(np.int32)
-  attn = np.ones((B, T), np.int32)
-  attn[::2, :2] = 0  # left padding on every other row
-  tokens[attn == 0] = 0
-  loss = np.zeros((B, T), np.int32)
-  loss[:, 4:7] = 1  # assistant turn 1
-  loss[:, 9:12] = 1  # assistant turn 2 (positions 7-8 are observations)
-  loss[3, 9:12] = 0  # one episode ended after its first turn
-  scores = np.asarray(scores, np.float32)
-  rewards = np.zeros((B, T), np.float32)
-  last = T - 1 - np.argmax(loss[:, ::-1], axis=1)
-  rewards[np.arange(B), last] = scores
-  return RolloutBatch(
-      tokens_BxT=jnp.asarray(tokens),
-      attention_mask_BxT=jnp.asarray(attn),
-      loss_mask_BxT=jnp.asarray(loss),
-      logprobs_BxT=jnp.zeros((B, T)),
-      token_rewards_BxT=jnp.asarray(rewards),
-      group_ids_B=jnp.asarray(np.repeat([3, 8], 4).astype(np.int32)),
-      scores_B=jnp.asarray(scores),
-  )
+from tiny import B  # pylint: disable=g-bad-import-order
+from tiny import FAST
+from tiny import make_batch
+from tiny import MODEL
+from tiny import T
 
 
 def clips(cfg):

@@ -31,25 +31,15 @@ from ragen_jax.train import batching
 from ragen_jax.config import cli
 from ragen_jax.train import restore
 from ragen_jax.train import trainer
+from references import comparable  # pylint: disable=g-bad-import-order
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = os.path.join(ROOT, "configs", "sokoban_ppo.py") + ":smoke"
 # Wall-clock metrics differ between runs; everything else must match exactly.
-_TIMING = ("timing_s/", "perf/")
 
 
 def smoke_config(spec=SMOKE):
   return cli.load_config_file(spec)
-
-
-def comparable(scalars, steps):
-  return {
-      (tag, step): value
-      for tag, series in scalars.items()
-      if not tag.startswith(_TIMING)
-      for step, value in series
-      if step in steps
-  }
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from ragen_jax import logging_utils
 from ragen_jax.config import cli
 from ragen_jax.train import trainer
 
-from train_test import comparable  # the same comparison as the built-in environments' resume
+from references import comparable  # the same comparison as the built-in environments' resume
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUSTOM = os.path.join(ROOT, "configs", "custom_env.py") + ":smoke"
