@@ -62,7 +62,7 @@ _LONG_FILES = (
 )
 _EARLY_FILES = (
     "train_lora_test.py",
-    "gpu_learn_test.py",
+    "experiments_gpu_learn_test.py",
     "rollout_windows_test.py",
     "api_policy_test.py",
     "diagnostics_scoring_test.py",
