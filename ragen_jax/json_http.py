@@ -355,6 +355,15 @@ class JsonServer(http_server.ThreadingHTTPServer):
       self._thread.start()
     return self._thread
 
+  def serve_until_interrupted(self) -> None:
+    """A command's server: serves in this thread until Ctrl-C (KeyboardInterrupt), then closes."""
+    try:
+      self.serve_forever()
+    except KeyboardInterrupt:
+      pass
+    finally:
+      self.close()
+
   def close(self) -> None:
     """Stops serving (a `start` thread) and closes the socket (`server_close`)."""
     if self._thread is not None:

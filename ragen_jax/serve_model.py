@@ -104,12 +104,7 @@ def main(argv):
   if token is None and f.host not in json_http.LOOPBACK:
     logging.warning("serving on %s without a token: anyone who reaches it can use it", f.host)
   print(f"serving {server.model_name!r} at {server.url} (auth: {'token' if token else 'none'})")
-  try:
-    server.serve_forever()
-  except KeyboardInterrupt:
-    pass
-  finally:
-    server.server_close()  # and the batcher
+  server.serve_until_interrupted()  # closing it closes the batcher
 
 
 def _define_flags() -> flags.FlagHolder:

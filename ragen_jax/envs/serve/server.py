@@ -368,12 +368,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   print(f"serving {args.entry} at {server.url}", flush=True)
   # SIGTERM ends serving like Ctrl-C, so the live episodes are closed on the way out.
   signal.signal(signal.SIGTERM, _interrupt)
-  try:
-    server.serve_forever()
-  except KeyboardInterrupt:
-    pass
-  finally:
-    server.close()
+  server.serve_until_interrupted()
 
 
 if __name__ == "__main__":

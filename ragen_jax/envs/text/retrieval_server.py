@@ -93,12 +93,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   logging.basicConfig(level="INFO", format="%(asctime)s %(name)s: %(message)s")
   server = RetrievalServer(index, args.host, args.port, token)
   print(f"serving {len(index.passages)} passages of {args.corpus} at {server.url}", flush=True)
-  try:
-    server.serve_forever()
-  except KeyboardInterrupt:
-    pass
-  finally:
-    server.server_close()
+  server.serve_until_interrupted()
 
 
 if __name__ == "__main__":
