@@ -80,7 +80,7 @@ def test_reward_raises_the_rewarded_first_turn_action(estimator):
       vocab_chunk=16,
       entropy_coeff=0.0,
   )
-  step = jax.jit(algos.make_train_step(actor, None, cfg, jit=False), compiler_options=tiny.FAST)
+  step = jax.jit(algos.make_train_step(actor, None, cfg, jit=False))
   state = algos.init_train_state(actor, None, cfg, jax.random.key(1))
   probe = _batch(actor, jax.random.key(2)).tokens_BxT[:1]
   before = float(_two_way(actor, probe, FIRST, (A, B_))[0])

@@ -6,12 +6,14 @@ import re
 import shutil
 import tempfile
 
-# Before JAX starts: the tests' programs are compiled without LLVM's optimisations. On 2 CPU cores
-# compiling is most of the suite's time, and these programs are small: at level 0 a `:smoke`
-# launch takes about a quarter less CPU time, a unit-test file up to half (BENCHMARKS.md, "The
-# test suite"). The subprocesses and notebook kernels the tests start inherit the flag
-# (`cpu_devices` keeps it where a test sets its own device count).
-SESSION_XLA_FLAGS = "--xla_backend_optimization_level=0"
+# Before JAX starts: the tests' programs are compiled without LLVM's optimisations and with
+# XLA:CPU's classic elemental emitters instead of its MLIR fusion emitters (whose set-up for
+# each fusion dominates the compile of a small program). On 2 CPU cores compiling is most of the suite's time, and these programs
+# are small: the two flags take a third to a half off a unit-test file's CPU time, a `:smoke`
+# launch a quarter or more (BENCHMARKS.md, "The test suite"). The subprocesses and notebook
+# kernels the tests start inherit them (`cpu_devices` keeps them where a test sets its own
+# device count).
+SESSION_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {SESSION_XLA_FLAGS}".strip()
 
 import hypothesis  # pylint: disable=wrong-import-position

@@ -18,7 +18,6 @@ from ragen_jax.config import schema
 from ragen_jax.config import cli
 from ragen_jax.train import policy
 from ragen_jax.train import run_state
-from tiny import FAST  # pylint: disable=g-bad-import-order
 from tiny import make_batch  # pylint: disable=g-bad-import-order
 from tiny import MODEL  # pylint: disable=g-bad-import-order
 
@@ -129,7 +128,7 @@ def _one_update(actor, moment_dtype):
   cfg = _cfg(moment_dtype)
   state = algos.init_train_state(actor, None, cfg, jax.random.key(1))
   before = jax.tree.map(np.asarray, state.actor_params)
-  step = algos.make_train_step(actor, None, cfg, compiler_options=FAST)
+  step = algos.make_train_step(actor, None, cfg)
   state, metrics = step(state, make_batch(), jax.random.key(2))
   return before, state, jax.device_get(metrics)
 

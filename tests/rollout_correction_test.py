@@ -263,7 +263,7 @@ def run_step(cfg, batch, tx=None):
   """One jitted step from a fixed actor; (actor parameters after, metrics) as NumPy."""
   actor = models.create(MODEL, jax.random.key(0))
   state = algos.init_train_state(actor, None, cfg, jax.random.key(1), actor_tx=tx)
-  step = algos.make_train_step(actor, None, cfg, actor_tx=tx, compiler_options=tiny.FAST)
+  step = algos.make_train_step(actor, None, cfg, actor_tx=tx)
   state, metrics = step(state, batch, jax.random.key(2))
   return jax.tree.map(np.asarray, state.actor_params), {
       k: np.asarray(v) for k, v in metrics.items()

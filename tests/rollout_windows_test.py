@@ -26,7 +26,6 @@ from ragen_jax.algos import train_step
 from ragen_jax.algos.step_records import OldPass
 from ragen_jax.envs.device import sokoban
 from ragen_jax.train import batching
-from tiny import FAST  # pylint: disable=g-bad-import-order
 from tiny import rollout_config
 
 TOK = tokenizers.load("sentencepiece")
@@ -309,7 +308,7 @@ def test_a_train_step_on_rows_is_on_policy(played, model):
   cfg = algos.PPOConfig(adv_estimator="grpo", num_minibatches=2, vocab_chunk=64)
   batch = batching.join_batches([result.batch], 64, TOK.pad_id)
   state = algos.init_train_state(model, None, cfg, jax.random.key(1))
-  step = algos.make_train_step(model, None, cfg, compiler_options=FAST, temperature=0.8)
+  step = algos.make_train_step(model, None, cfg, temperature=0.8)
   before = jax.tree.map(np.array, state.actor_params)
   state, metrics = step(
       state,

@@ -1,4 +1,4 @@
-"""The tiny models, batches and compile options the unit tests share (imported by test files;
+"""The tiny models and batches the unit tests share (imported by test files;
 no test file imports another).
 
 Dimensions: B episodes, T tokens.
@@ -12,10 +12,6 @@ from flax import nnx
 from ragen_jax import models
 from ragen_jax import rollout
 from ragen_jax.batch import RolloutBatch
-
-# Compile time dominates the unit tests on 2 CPU cores; LLVM's optimisations are not worth it
-# for these shapes.
-FAST = {"xla_backend_optimization_level": 0}
 
 
 def model_config(**changes) -> models.ModelConfig:

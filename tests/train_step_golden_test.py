@@ -16,7 +16,6 @@ from ragen_jax import algos
 from ragen_jax import models
 from ragen_jax.batch import RolloutBatch
 from tiny import B  # pylint: disable=g-bad-import-order
-from tiny import FAST
 from tiny import MODEL
 from tiny import T
 
@@ -32,8 +31,8 @@ CFG = algos.PPOConfig(
     vocab_chunk=24,
 )
 
-# Recorded on CPU (XLA:CPU, the FAST options above). critic/advantages/mean is left out: whitened
-# advantages average to float noise around 0.
+# Recorded on CPU (XLA:CPU, at the test session's compile flags: tests/conftest.py).
+# critic/advantages/mean is left out: whitened advantages average to float noise around 0.
 GOLDEN = {
     "actor/entropy": 4.14904260635376,
     "actor/entropy_loss": 4.149069309234619,
@@ -108,7 +107,7 @@ def _run():
       critic_params=_perturbed(state.critic_params, jax.random.key(4)),
   )
   before = jax.tree.map(np.asarray, (state.actor_params, state.critic_params))
-  step = algos.make_train_step(actor, None, CFG, compiler_options=FAST)
+  step = algos.make_train_step(actor, None, CFG)
   state, metrics = step(state, _batch(), jax.random.key(3))
   after = jax.tree.map(np.asarray, (state.actor_params, state.critic_params))
   out = {k: float(v) for k, v in metrics.items()}

@@ -11,7 +11,6 @@ from ragen_jax import algos
 from ragen_jax import models
 from ragen_jax import sharding
 from ragen_jax.models import lora
-from tiny import FAST
 from tiny import make_batch
 from tiny import MODEL
 
@@ -47,7 +46,7 @@ def test_one_step_trains_only_the_adapters_against_the_frozen_base():
   opt_shapes = {x.shape for x in jax.tree.leaves(state.actor_opt) if np.ndim(x)}
   assert opt_shapes == adapter_shapes
   before = flat(state.actor_params)
-  step = algos.make_train_step(actor, None, cfg, compiler_options=FAST)
+  step = algos.make_train_step(actor, None, cfg)
   state, metrics = step(state, make_batch(), jax.random.key(0))
   after = flat(state.actor_params)
   assert before.keys() == after.keys()

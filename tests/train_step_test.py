@@ -16,7 +16,6 @@ from ragen_jax import models
 from ragen_jax.batch import RolloutBatch
 from ragen_jax.batch import TurnBatch
 from tiny import B  # pylint: disable=g-bad-import-order
-from tiny import FAST
 from tiny import make_batch
 from tiny import MODEL
 from tiny import T
@@ -76,9 +75,7 @@ def test_jitted_step_gradient_equals_plain_loss_gradient(response_width):
   state = algos.init_train_state(
       actor, critic, cfg, jax.random.key(1), ref_model=ref, actor_tx=sgd, critic_tx=sgd
   )
-  step = algos.make_train_step(
-      actor, critic, cfg, ref_model=ref, actor_tx=sgd, critic_tx=sgd, compiler_options=FAST
-  )
+  step = algos.make_train_step(actor, critic, cfg, ref_model=ref, actor_tx=sgd, critic_tx=sgd)
   batch = make_batch()
   before = snapshot((state.actor_params, state.critic_params))
   leaf = jax.tree.leaves(state.actor_params)[0]
@@ -167,7 +164,7 @@ def test_sampler_logprobs_value_clip_and_grad_clip_equal_a_plain_reference():
   batch = batch.replace(logprobs_BxT=sampler)
   state = algos.init_train_state(actor, critic, cfg, jax.random.key(1))
   before = snapshot((state.actor_params, state.critic_params))
-  step = algos.make_train_step(actor, critic, cfg, compiler_options=FAST)
+  step = algos.make_train_step(actor, critic, cfg)
   state, metrics = step(state, batch, jax.random.key(2))
   after = snapshot((state.actor_params, state.critic_params))
   assert float(metrics["train/num_updates"]) == 2.0
@@ -233,7 +230,7 @@ def adamw_setup():
     return plain(state, batch, key)
 
   chex.clear_trace_counter()
-  step = jax.jit(traced_step, donate_argnums=0, compiler_options=FAST)
+  step = jax.jit(traced_step, donate_argnums=0)
   return actor, cfg, step
 
 
@@ -303,7 +300,7 @@ def test_turn_records_leave_a_gae_step_unchanged():
   results = []
   for batch in (make_batch(), make_batch().replace(turns=turns)):
     state = algos.init_train_state(actor, None, cfg, jax.random.key(1))
-    step = algos.make_train_step(actor, None, cfg, compiler_options=FAST)
+    step = algos.make_train_step(actor, None, cfg)
     state, metrics = step(state, batch, jax.random.key(2))
     results.append(snapshot((state.actor_params, state.critic_params, metrics)))
   assert "gigpo/step_group_share" not in results[0][2]
@@ -386,9 +383,7 @@ def test_filtered_update_equals_update_on_the_kept_episodes_alone():
         vocab_chunk=32,
     )
     state = algos.init_train_state(actor, None, cfg, jax.random.key(1), actor_tx=sgd, critic_tx=sgd)
-    step = algos.make_train_step(
-        actor, None, cfg, actor_tx=sgd, critic_tx=sgd, compiler_options=FAST
-    )
+    step = algos.make_train_step(actor, None, cfg, actor_tx=sgd, critic_tx=sgd)
     state, metrics = step(state, batch, jax.random.key(2))
     assert float(metrics["train/num_updates"]) == 1.0
     results.append((snapshot((state.actor_params, state.critic_params)), metrics))
@@ -420,7 +415,7 @@ def test_positive_advantages_only_equals_training_on_clipped_scores():
         vocab_chunk=32,
     )
     state = algos.init_train_state(actor, None, cfg, jax.random.key(1), actor_tx=sgd)
-    step = algos.make_train_step(actor, None, cfg, actor_tx=sgd, compiler_options=FAST)
+    step = algos.make_train_step(actor, None, cfg, actor_tx=sgd)
     state, metrics = step(state, make_batch(scores=s), jax.random.key(2))
     assert float(metrics["critic/advantages/min"]) == adv_min
     params.append(jax.tree.leaves(snapshot(state.actor_params)))
@@ -471,9 +466,7 @@ def test_shared_value_head_trains_trunk_and_head():
     head = jax.tree.map(jnp.asarray, head0)  # a copy: the step donates the state
     state = state.replace(critic_params=head, critic_opt=sgd.init(head))
     before = snapshot((state.actor_params, state.critic_params))
-    step = algos.make_train_step(
-        actor, None, cfg, actor_tx=sgd, critic_tx=sgd, compiler_options=FAST
-    )
+    step = algos.make_train_step(actor, None, cfg, actor_tx=sgd, critic_tx=sgd)
     state, metrics = step(state, batch, jax.random.key(0))
     after = snapshot((state.actor_params, state.critic_params))
 
@@ -553,7 +546,7 @@ def test_the_update_scores_tokens_at_the_rollouts_temperature():
   batch = batch.replace(logprobs_BxT=jnp.pad(logp, ((0, 0), (1, 0))) * batch.loss_mask_BxT)
   diffs = {}
   for temperature in (0.5, 1.0):
-    step = algos.make_train_step(actor, None, cfg, compiler_options=FAST, temperature=temperature)
+    step = algos.make_train_step(actor, None, cfg, temperature=temperature)
     state = algos.init_train_state(actor, None, cfg, jax.random.key(1))
     _, metrics = step(state, batch, jax.random.key(2))
     diffs[temperature] = float(metrics["training/rollout_probs_diff_mean"])

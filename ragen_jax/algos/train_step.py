@@ -420,7 +420,6 @@ def make_train_step(
     jit=True,
     actor_tx=None,
     critic_tx=None,
-    compiler_options=None,
     out_shardings=None,
     temperature: float = 1.0,
 ):
@@ -434,7 +433,6 @@ def make_train_step(
     ref_model: only its structure is used (it must match the actor's when None).
     jit: False returns the plain Python function (for tests and debugging).
     actor_tx, critic_tx: optimizer overrides, as given to init_train_state.
-    compiler_options: passed to jax.jit (e.g. a lower XLA optimisation level in tests).
     out_shardings: passed to jax.jit: (state shardings, metrics sharding) on a mesh, so the
       state keeps its layout from step to step (and donation reuses its buffers).
   """
@@ -454,6 +452,5 @@ def make_train_step(
       step,
       donate_argnums=(0,),
       static_argnames=("response_width",),
-      compiler_options=compiler_options,
       out_shardings=out_shardings,
   )
