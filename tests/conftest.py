@@ -6,14 +6,17 @@ import re
 import shutil
 import tempfile
 
-# Before JAX starts: the tests' programs are compiled without LLVM's optimisations and with
-# XLA:CPU's classic elemental emitters instead of its MLIR fusion emitters (whose set-up for
-# each fusion dominates the compile of a small program). On 2 CPU cores compiling is most of the suite's time, and these programs
-# are small: the two flags take a third to a half off a unit-test file's CPU time, a `:smoke`
-# launch a quarter or more (BENCHMARKS.md, "The test suite"). The subprocesses and notebook
-# kernels the tests start inherit them (`cpu_devices` keeps them where a test sets its own
-# device count).
-SESSION_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+# Before JAX starts: the tests' programs are compiled without LLVM's optimisations, with
+# XLA:CPU's classic elemental emitters instead of its MLIR fusion emitters (whose set-up for each
+# fusion dominates the compile of a small program), and as one LLVM module rather than split for
+# parallel code generation (the two test workers already keep both cores busy). On 2 CPU cores
+# compiling is most of the suite's time (BENCHMARKS.md, "The test suite"). The subprocesses and
+# notebook kernels the tests start inherit the flags (`cpu_devices` keeps them where a test sets
+# its own device count).
+SESSION_XLA_FLAGS = (
+    "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+    " --xla_cpu_parallel_codegen_split_count=1"
+)
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {SESSION_XLA_FLAGS}".strip()
 
 import hypothesis  # pylint: disable=wrong-import-position
