@@ -72,6 +72,7 @@ _EARLY_FILES = (
     "api_policy_test.py",
     "diagnostics_scoring_test.py",
     "train_step_test.py",
+    "algos_policy_modes_test.py",
     "train_sft_test.py",
     "rollout_text_envs_test.py",
     "envs_sokoban_test.py",

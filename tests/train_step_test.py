@@ -23,7 +23,7 @@ from tiny import T
 
 def clips(cfg):
   """`policy_loss`'s clip range from a PPOConfig."""
-  return dict(clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_c=cfg.clip_c)
+  return dict(clip_low=cfg.policy.clip_low, clip_high=cfg.policy.clip_high, clip_c=cfg.clip_c)
 
 
 def ref_gae_raw(r, v, m):
@@ -526,7 +526,7 @@ def test_config_validation():
   with pytest.raises(ValueError, match="divisible"):
     algos.PPOConfig(num_minibatches=3).check_batch(8)
   cfg = algos.PPOConfig()
-  assert (cfg.clip_low, cfg.clip_high, cfg.entropy_coeff, cfg.weight_decay) == (
+  assert (cfg.policy.clip_low, cfg.policy.clip_high, cfg.entropy_coeff, cfg.weight_decay) == (
       0.2,
       0.28,
       0.001,

@@ -11,9 +11,10 @@ from typing import Annotated
 
 from absl import logging
 
+from ragen_jax.algos import losses
 from ragen_jax.algos.advantages import GIGPO_NORMS
 from ragen_jax.algos.filtering import STRATEGIES
-from ragen_jax.algos.losses import AGG_MODES, KL_KINDS, ROLLOUT_CORRECTIONS
+from ragen_jax.algos.losses import AGG_MODES, KL_KINDS, POLICY_LOSSES, ROLLOUT_CORRECTIONS
 from ragen_jax.algos.optim import MOMENT_DTYPES
 from ragen_jax.config_checks import check_fields, check_value, OneOf, Range
 from ragen_jax.config_checks import NonNegativeFloat, PositiveFloat, PositiveInt, UnitFloat
@@ -40,8 +41,17 @@ class PPOConfig:
       verl-agent's default) or "mean_std" (also divide by the sample std + 1e-6).
     gamma, lam: GAE discount and trace parameters.
     high_level_gamma: bi_level_gae's discount across turns (RAGEN 0.95).
-    clip_low, clip_high, clip_c: PPO ratio clip range [1 − low, 1 + high] and dual-clip c > 1.
-    agg_mode: loss aggregation (losses.AGG_MODES), shared by actor and critic.
+    policy_loss: the policy loss (losses.policy_loss): "ppo" (clipped ratio with dual clip),
+      "gspo" (GSPO-token: the row's length-normalised sequence ratio, clipped) or "cispo" (the
+      clipped ratio as a detached weight of −A·logp). The mode's defaults
+      (losses.POLICY_LOSS_MODES) stand for clip_low, clip_high and agg_mode when they are None;
+      `policy` holds the settings in force.
+    clip_low, clip_high: clip range [1 − low, 1 + high] of the ratio (ppo), the sequence ratio
+      (gspo) or the weight (cispo). None: the mode's (ppo 0.2 / 0.28, gspo 3e-4 / 4e-4, cispo
+      1.0 / 0.2). clip_low lies in (0, 1), except under cispo (> 0; >= 1: no lower bound).
+    clip_c: PPO's dual clip c > 1 on negative advantages (gspo and cispo have none).
+    agg_mode: loss aggregation (losses.AGG_MODES), shared by actor and critic. None: the mode's
+      (ppo and cispo "token-mean", gspo "seq-mean-token-mean").
     loss_scale_factor: the fixed divisor of "seq-mean-token-sum-norm" (Dr.GRPO); None uses the
       padded length T of the batch (here the whole conversation, not only the response).
     entropy_coeff: weight of the entropy bonus (loss −= coeff · agg(H)).
@@ -80,12 +90,14 @@ class PPOConfig:
   gigpo_omega: NonNegativeFloat = 1.0
   gigpo_gamma: UnitFloat = 0.95
   gigpo_norm: Annotated[str, OneOf(GIGPO_NORMS)] = "mean"
-  clip_low: Annotated[float, Range(0, 1, open_low=True, open_high=True)] = 0.2
-  clip_high: PositiveFloat = 0.28
+  policy_loss: Annotated[str, OneOf(POLICY_LOSSES)] = "ppo"
+  # Knobs that may be None are checked in __post_init__ (an Annotated type would break the
+  # config's None placeholder): None is the policy loss's default, or no factor.
+  clip_low: float | None = None
+  clip_high: float | None = None  # > 0
   clip_c: Annotated[float, Range(1, open_low=True)] = 3.0
-  agg_mode: Annotated[str, OneOf(AGG_MODES)] = "token-mean"
-  # > 0, checked in __post_init__ (an Annotated type would break the config's None placeholder)
-  loss_scale_factor: float | None = None
+  agg_mode: str | None = None  # one of AGG_MODES
+  loss_scale_factor: float | None = None  # > 0
   entropy_coeff: NonNegativeFloat = 0.001
   use_kl_loss: bool = False
   kl_coef: NonNegativeFloat = 0.0
@@ -117,8 +129,15 @@ class PPOConfig:
 
   def __post_init__(self):
     check_fields(self, "ppo")
-    if self.loss_scale_factor is not None:
-      check_value("ppo.loss_scale_factor", self.loss_scale_factor, PositiveFloat)
+    optional = (
+        ("loss_scale_factor", PositiveFloat),
+        ("clip_low", losses.POLICY_LOSS_MODES[self.policy_loss].clip_low_type),
+        ("clip_high", PositiveFloat),
+        ("agg_mode", Annotated[str, OneOf(AGG_MODES)]),
+    )
+    for name, kind in optional:
+      if getattr(self, name) is not None:
+        check_value(f"ppo.{name}", getattr(self, name), kind)
 
     def check(ok, msg):
       if not ok:
@@ -150,6 +169,12 @@ class PPOConfig:
           self.filter_value <= 1.0,
           f"filter_value must lie in (0, 1] for min_p, got {self.filter_value}",
       )
+
+  @property
+  def policy(self) -> losses.PolicySettings:
+    """The policy loss's settings, each None replaced by its mode's default."""
+    mode = losses.POLICY_LOSS_MODES[self.policy_loss]
+    return mode.settings(self.clip_low, self.clip_high, self.clip_c, self.agg_mode)
 
   @property
   def uses_critic(self):

@@ -1,8 +1,8 @@
 """The train step's forward pass and loss terms: what one micro-batch's gradients are taken of.
 
-`micro_grads` differentiates the clipped policy loss (minus the entropy bonus, plus the KL loss)
-and, through the `critic.Critic` strategy, the value loss; `train_step` accumulates them over
-micro-batches and applies them.
+`micro_grads` differentiates the policy loss of `ppo.policy_loss` (minus the entropy bonus, plus
+the KL loss) and, through the `critic.Critic` strategy, the value loss; `train_step` accumulates
+them over micro-batches and applies them.
 
 Dimensions: B episodes (rows) of a micro-batch.  T tokens.  D hidden size.
 """
@@ -45,22 +45,20 @@ def policy_forward(
 
 
 def aggregate(cfg: PPOConfig, x_BxT, mask_BxT):
-  """`x_BxT` over the mask, by the configured `agg_mode`."""
-  return losses.agg_loss(x_BxT, mask_BxT, cfg.agg_mode, cfg.loss_scale_factor)
+  """`x_BxT` over the mask, by the aggregation in force (`agg_mode` or the policy loss's)."""
+  return losses.agg_loss(x_BxT, mask_BxT, cfg.policy.agg_mode, cfg.loss_scale_factor)
 
 
 def actor_terms(cfg: PPOConfig, logp_BxT, entropy_BxT, mb: UpdateData):
-  """Clipped policy loss, minus the entropy bonus, plus the KL loss; (loss, metrics)."""
+  """The configured policy loss (`ppo.policy_loss`), minus the entropy bonus, plus the KL loss;
+  (loss, metrics)."""
   mask_BxT = mb.mask_BxT
   pg, pg_metrics = losses.policy_loss(
       logp_BxT,
       mb.old_logp_BxT,
       mb.adv_BxT,
       mask_BxT,
-      clip_low=cfg.clip_low,
-      clip_high=cfg.clip_high,
-      clip_c=cfg.clip_c,
-      agg_mode=cfg.agg_mode,
+      **cfg.policy._asdict(),
       loss_scale_factor=cfg.loss_scale_factor,
       weights_BxT=mb.pg_weights_BxT,
   )
@@ -84,7 +82,7 @@ def value_terms(cfg: PPOConfig, mb: UpdateData, values_BxT):
       mb.returns_BxT,
       mb.mask_BxT,
       cfg.value_clip,
-      cfg.agg_mode,
+      cfg.policy.agg_mode,
       cfg.loss_scale_factor,
   )
   return vf, {f"critic/{k}": v for k, v in vf_metrics.items()}
