@@ -6,8 +6,8 @@ start writes its own directory `wandb/offline-run-<time>-<id>` under `WANDB_DIR`
 unless set; `wandb sync` given them all uploads them in order of start time into the one run.
 
 Every row carries the training step as the metric "step", the x axis of every other metric
-(`define_metric`), rather than relying on W&B's own `_step`: that one only increases, and a
-resumed run logs again the steps after its last checkpoint, as step 0's validation follows a warm
+(`define_metric`), rather than relying on W&B's own `_step`: that one only increases, while a
+resumed run logs again the steps after its last checkpoint and step 0's validation follows a warm
 start's steps. The API key is wandb's business (`wandb login`, `WANDB_API_KEY`); nothing here
 reads or writes it.
 """
