@@ -21,7 +21,7 @@ import os
 import re
 import sys
 import time
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TextIO
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, TextIO
 
 import numpy as np
 from tensorboard.backend.event_processing import event_file_loader
@@ -59,6 +59,24 @@ def _as_float(value) -> Optional[float]:
     return float(array.reshape(()))
   except (TypeError, ValueError):
     return None
+
+
+def numeric_scalars(values: Mapping[str, object], warned: Set[str]) -> Dict[str, float]:
+  """`values` as Python floats (from Python, numpy or JAX scalars), NaN and inf as they are.
+
+  A value that is not a single number (a vector, a string) is left out with a warning, once per
+  tag (`warned` holds the tags already warned about), rather than stopping a training run.
+  """
+  numbers = {}
+  for tag, value in values.items():
+    number = _as_float(value)
+    if number is None:
+      if tag not in warned:
+        warned.add(tag)
+        logging.warning("skipping the scalar %r, not a single number: %r", tag, value)
+      continue
+    numbers[tag] = number
+  return numbers
 
 
 class SummaryWriter:
@@ -102,16 +120,11 @@ class SummaryWriter:
     """
     if not self.enabled:
       return
-    summary_values = []
-    for tag, value in values.items():
-      number = _as_float(value)
-      if number is None:
-        if tag not in self._warned_tags:
-          self._warned_tags.add(tag)
-          logging.warning("SummaryWriter: skipping %r, not a scalar: %r", tag, value)
-        continue
-      # simple_value is float32: values beyond its range are stored as +-inf, without error.
-      summary_values.append(summary_pb2.Summary.Value(tag=tag, simple_value=number))
+    # simple_value is float32: values beyond its range are stored as +-inf, without error.
+    summary_values = [
+        summary_pb2.Summary.Value(tag=tag, simple_value=number)
+        for tag, number in numeric_scalars(values, self._warned_tags).items()
+    ]
     self._add(step, summary_values)
 
   def text(self, step: int, tag: str, text: str) -> None:
@@ -133,8 +146,10 @@ class SummaryWriter:
     if self._writer is not None:
       self._writer.flush()
 
-  def close(self) -> None:
-    """Flushes and closes the event file; closing twice is fine, writing afterwards is not."""
+  def close(self, failed: bool = False) -> None:
+    """Flushes and closes the event file; closing twice is fine, writing afterwards is not.
+    (`failed`: an event file records no outcome; other trackers mark the run failed.)"""
+    del failed
     if self._writer is not None:
       self._writer.close()
       self._writer = None

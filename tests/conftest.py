@@ -76,6 +76,7 @@ _EARLY_FILES = (
     "train_sft_test.py",
     "rollout_text_envs_test.py",
     "envs_sokoban_test.py",
+    "logging_trackers_test.py",
 )
 
 

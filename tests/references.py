@@ -1,5 +1,11 @@
 """Independent references the tests share: NumPy loops for the advantage estimators
-(`rl_math.md`), transformers' logits, and the comparison of two runs' logged scalars."""
+(`rl_math.md`), transformers' logits, the comparison of two runs' logged scalars, and a reader of
+W&B's offline run files."""
+
+import glob
+import json
+import os
+import struct
 
 import numpy as np
 
@@ -53,3 +59,62 @@ def comparable(scalars, steps):
       for step, value in series
       if step in steps
   }
+
+
+# A W&B run file (`run-<id>.wandb`) is LevelDB's log format: after a 7-byte file header
+# (":W&B", a 2-byte magic, a version byte), 32 KiB blocks of chunks, each a 7-byte header
+# (checksum u32, length u16, type u8) and its bytes; a record too long for a block's rest is cut
+# into FIRST, MIDDLE and LAST chunks, and a block's tail too short for a header is padding.
+_WANDB_FILE_HEADER = 7
+_WANDB_BLOCK = 32768
+_CHUNK_HEADER = 7
+_FULL, _LAST = 1, 4
+
+
+def wandb_records(run_dir):
+  """Every record of the W&B run in `run_dir` (an offline-run-* directory), parsed with wandb's
+  own protobuf schema (`wandb.proto.wandb_internal_pb2.Record`), in the order written."""
+  from wandb.proto import wandb_internal_pb2  # pylint: disable=import-outside-toplevel
+
+  (path,) = glob.glob(os.path.join(run_dir, "run-*.wandb"))
+  with open(path, "rb") as fp:
+    data = fp.read()
+  assert data[:4] == b":W&B", path
+  records, pending, pos = [], b"", _WANDB_FILE_HEADER
+  while pos + _CHUNK_HEADER <= len(data):
+    room = _WANDB_BLOCK - pos % _WANDB_BLOCK
+    _, length, kind = struct.unpack("<IHB", data[pos : pos + _CHUNK_HEADER])
+    if room < _CHUNK_HEADER or kind == 0:  # padding to the end of the block
+      pos += room
+      continue
+    pending += data[pos + _CHUNK_HEADER : pos + _CHUNK_HEADER + length]
+    pos += _CHUNK_HEADER + length
+    if kind in (_FULL, _LAST):
+      records.append(wandb_internal_pb2.Record.FromString(pending))
+      pending = b""
+  return records
+
+
+def _item_key(item):
+  return ".".join(item.nested_key) or item.key
+
+
+def wandb_history(run_dir):
+  """The rows `run.log` wrote, as {key: value} (W&B's own `_step`, `_runtime`... included)."""
+  return [
+      {_item_key(item): json.loads(item.value_json) for item in record.history.item}
+      for record in wandb_records(run_dir)
+      if record.WhichOneof("record_type") == "history"
+  ]
+
+
+def wandb_config(run_dir):
+  """The run's config as the records left it ({key: value}, W&B's `_wandb` left out)."""
+  config = {}
+  for record in wandb_records(run_dir):
+    kind = record.WhichOneof("record_type")
+    updates = record.run.config.update if kind == "run" else record.config.update
+    if kind in ("run", "config"):
+      config.update({_item_key(item): json.loads(item.value_json) for item in updates})
+  config.pop("_wandb", None)
+  return config

@@ -33,6 +33,8 @@ MAY_CHANGE = {
     "change no rollout or update",
     "early_stop.*": "the stopping rules only watch the run (`warn` or `off` is how a run they "
     "stopped goes on)",
+    "logging.*": "where the scalars are reported besides TensorBoard (W&B, MLflow); no step "
+    "reads them",
 }
 
 ABSENT = "(absent)"  # a key one of the two configs lacks

@@ -18,6 +18,7 @@ run starts, still before anything compiles.
 
 import dataclasses
 import os
+import urllib.parse
 from typing import Annotated, Any, Dict, Tuple
 
 from ragen_jax import algos
@@ -180,6 +181,51 @@ class SeedSpec:
     check_fields(self, "seed")
 
 
+# Characters a W&B project name cannot hold (the name is also the MLflow experiment's).
+_PROJECT_FORBIDDEN = "/\\#?%:"
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggingSpec:
+  """Where the run's scalars go besides its TensorBoard events, which are always written to the
+  workdir (ragen_jax/trackers: Weights & Biases, MLflow). Only process 0 logs."""
+
+  project: str = "ragen_jax"  # the W&B project and the MLflow experiment
+  run_name: str | None = None  # the run's name in both; None: the workdir's directory name
+  # Weights & Biases (`pip install wandb`); WANDB_MODE=offline keeps the run in local files that
+  # `wandb sync` uploads later. The key comes from `wandb login` or WANDB_API_KEY, never a config.
+  wandb: bool = False
+  # MLflow tracking URI (`pip install mlflow-skinny`): a file store `file:///abs/path`, or a
+  # server `http(s)://host:port`; None: no MLflow
+  mlflow_uri: str | None = None
+
+  def __post_init__(self):
+    name = self.project
+    if not name or len(name) > 128 or any(c in _PROJECT_FORBIDDEN for c in name):
+      raise ValueError(
+          f"logging.project must be 1 to 128 characters without any of {_PROJECT_FORBIDDEN!r} "
+          f"(a W&B project name), got {name!r}"
+      )
+    if self.run_name is not None and not self.run_name.strip():
+      raise ValueError(f"logging.run_name must be None or a name, got {self.run_name!r}")
+    uri = self.mlflow_uri
+    if uri is not None and (not uri or uri != uri.strip()):
+      raise ValueError(f"logging.mlflow_uri must be None or a tracking URI, got {uri!r}")
+    parsed = urllib.parse.urlparse(uri or "")
+    if parsed.username or parsed.password:  # the config is stored with the run and logged
+      raise ValueError(
+          "logging.mlflow_uri must hold no user or password; set MLFLOW_TRACKING_USERNAME and "
+          "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) in the environment instead"
+      )
+    if parsed.scheme == "file" and (
+        parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/")
+    ):
+      raise ValueError(
+          f"logging.mlflow_uri: a file store is file:///absolute/path, got {uri!r} (a relative "
+          "path works without the scheme)"
+      )
+
+
 # Section name -> (dataclass, fields that are not config keys). The rollout's per-tag fields
 # live in each env section.
 SECTIONS = {
@@ -196,6 +242,7 @@ SECTIONS = {
     "mesh": (MeshSpec, ()),
     "seed": (SeedSpec, ()),
     "api": (rollout_lib.api_policy.ApiConfig, ()),
+    "logging": (LoggingSpec, ()),
 }
 ENV_KEYS = tuple(f.name for f in dataclasses.fields(EnvSpec) if f.name not in ("per_tag", "tag"))
 
@@ -213,6 +260,7 @@ class Experiment:
   mesh: MeshSpec
   seed: SeedSpec
   api: rollout_lib.api_policy.ApiConfig  # an endpoint that answers instead (evaluate only)
+  logging: LoggingSpec  # experiment trackers besides TensorBoard
 
   @property
   def train_episodes(self) -> int:

@@ -19,11 +19,12 @@ the run, and running the command again reports that instead of training on.
 
 Workdir: `checkpoints/<step>/` (orbax: actor, critic, optimizer states, step, base key; JSON
 meta with the config, seed counters, stopping-rule streaks and the MI z-score EMA), TensorBoard
-events, `eval/step_<s>.jsonl` trajectories and their pages `viewer/step_<s>.html`
-(ragen_jax.viewer), and `config.json`, the config the run goes on under, written once the
-config, the mesh and any resume have passed their checks. Running again resumes from the latest
-checkpoint; a config that differs from the checkpoint's in keys outside
-`drift.MAY_CHANGE` is refused (ConfigError) before anything runs, unless the caller
+events (and the W&B and MLflow runs the `logging` section enables, their ids in `trackers.json`
+so that a resumed run continues them; ragen_jax.trackers), `eval/step_<s>.jsonl` trajectories
+and their pages `viewer/step_<s>.html` (ragen_jax.viewer), and `config.json`, the config the
+run goes on under, written once the config, the mesh and any resume have passed their checks.
+Running again resumes from the latest checkpoint; a config that differs from the checkpoint's in
+keys outside `drift.MAY_CHANGE` is refused (ConfigError) before anything runs, unless the caller
 allows the change. A non-finite loss stops the run (nothing is saved), and so does a rollout in
 which more episodes than `envs.<tag>.max_env_errors` ended in an environment fault (before
 training on them; train/guards.py). Ctrl-C or SIGTERM finishes the current step, saves and returns
@@ -37,10 +38,11 @@ weight copies, exact resumes). Every "every N steps" event follows one rule, `du
 Multi-process runs (ragen_jax.distributed) execute this same loop on every process: each plays
 its share of every rollout, after which every process holds the same episodes, metrics and
 training batch, so every decision (stopping rules, stop signals, saves) is taken identically
-everywhere. Process 0 alone writes events, trajectories, pages and config.json; all take part in
-checkpoints.
+everywhere. Process 0 alone writes events (and logs to the trackers), trajectories, pages and
+config.json; all take part in checkpoints.
 """
 
+import json
 import os
 import time
 from typing import Any, Dict, Optional
@@ -58,6 +60,7 @@ from ragen_jax import keys
 from ragen_jax import logging_utils
 from ragen_jax import rollout as rollout_lib
 from ragen_jax import sharding
+from ragen_jax import trackers
 from ragen_jax.config import drift
 from ragen_jax.config import schema
 from ragen_jax.train import batching
@@ -120,15 +123,23 @@ def train(
       if refusal:
         raise ConfigError(refusal)
       os.makedirs(workdir, exist_ok=True)
-      writer = logging_utils.SummaryWriter(workdir, enabled=jax.process_index() == 0)
-      run = None
-      try:
-        run = Trainer(exp, config, workdir, writer, ckpt, *sharders)
-        return run.loop(stop, stop_after)
-      finally:
-        if run is not None:
-          run.close()
-        writer.close()
+      # TensorBoard, and W&B and MLflow when `logging` enables them: one writer the loop calls.
+      writer = _as_config_error(
+          trackers.open_trackers,
+          exp.logging,
+          workdir,
+          json.loads(_config_json(config)),
+          ckpt.latest_step() is not None,
+          jax.process_index() == 0,
+      )
+      with writer:
+        run = None
+        try:
+          run = Trainer(exp, config, workdir, writer, ckpt, *sharders)
+          return run.loop(stop, stop_after)
+        finally:
+          if run is not None:
+            run.close()
     except stop_signals.StartUpInterrupted as e:
       step = None if ckpt is None else ckpt.latest_step()
       logging.warning(
