@@ -24,7 +24,6 @@ from ragen_jax import models
 from ragen_jax.algos import losses
 from ragen_jax.config import schema
 from ragen_jax.models import lora
-from tiny import FAST  # pylint: disable=g-bad-import-order
 from tiny import make_batch
 from tiny import MODEL
 from xla_devices import cpu_devices
@@ -350,7 +349,7 @@ def test_one_step_moves_the_weights_along_the_hand_derived_gradient(
   surrogate = lambda p: jnp.sum(jnp.asarray(g, jnp.float32) * logp_of(actor, p, batch))
   ref_grads = flat(jax.jit(jax.grad(surrogate))(state.actor_params))
 
-  step = algos.make_train_step(actor, None, cfg, actor_tx=optax.sgd(LR), compiler_options=FAST)
+  step = algos.make_train_step(actor, None, cfg, actor_tx=optax.sgd(LR))
   before = flat(state.actor_params)
   state, metrics = step(state, batch, jax.random.key(2))  # the state is donated
   after = flat(state.actor_params)
@@ -374,7 +373,7 @@ _MESH_SCRIPT = """
 import json, sys
 import jax, numpy as np, optax
 from ragen_jax import algos, models, sharding
-from tiny import FAST, MODEL, make_batch
+from tiny import MODEL, make_batch
 
 actor = models.create(MODEL, jax.random.key(0))
 cfg = algos.PPOConfig(adv_estimator="grpo", policy_loss="gspo", num_minibatches=2, vocab_chunk=32)
@@ -389,7 +388,7 @@ for shape in [(1, 1, 1), (4, 2, 1)]:
   batch = make_batch()
   batch = jax.device_put(batch, sharder.batch_tree(batch))
   step = algos.make_train_step(
-      actor, None, cfg, actor_tx=optax.sgd(1.0), compiler_options=FAST,
+      actor, None, cfg, actor_tx=optax.sgd(1.0),
       out_shardings=(state_sharding, sharder.replicated),
   )
   state, metrics = step(state, batch, jax.random.key(2))

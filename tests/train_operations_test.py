@@ -66,6 +66,30 @@ def test_a_key_added_since_the_run_was_saved_compares_at_its_default():
   ]
 
 
+def test_a_policy_loss_default_spelled_out_is_no_change():
+  """A run saved when the clip range and aggregation were stored as 0.2 / 0.28 / token-mean
+  trains as one leaving them to the "ppo" mode's defaults (None); a mode whose defaults differ
+  changes them, and each setting is reported as the value in force."""
+  values = json.loads(_config().to_json_best_effort())
+  assert values["ppo"]["clip_low"] is None and values["ppo"]["policy_loss"] == "ppo"
+  del values["ppo"]["policy_loss"]
+  values["ppo"].update(clip_low=0.2, clip_high=0.28, agg_mode="token-mean")
+  stored = json.dumps(values)
+  assert drift.compare(stored, _config().to_json_best_effort()) == ([], [])
+  now = _config()
+  with now.unlocked():
+    now.ppo.policy_loss = "gspo"
+  assert drift.compare(stored, now.to_json_best_effort())[1] == [
+      ("ppo.agg_mode", "token-mean", "seq-mean-token-mean"),
+      ("ppo.clip_high", 0.28, 0.0004),
+      ("ppo.clip_low", 0.2, 0.0003),
+      ("ppo.policy_loss", "ppo", "gspo"),
+  ]
+  with now.unlocked():
+    now.ppo.update(clip_low=0.2, clip_high=0.28, agg_mode="token-mean")
+  assert drift.compare(stored, now.to_json_best_effort())[1] == [("ppo.policy_loss", "ppo", "gspo")]
+
+
 def test_a_resume_under_another_param_or_moment_dtype_is_refused():
   """The checkpoint's arrays are in the stored dtypes; a resume in others would train another
   optimizer (and the Checkpointer refuses the arrays anyway, checkpoints_test.py)."""

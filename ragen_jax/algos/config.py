@@ -170,6 +170,19 @@ class PPOConfig:
           f"filter_value must lie in (0, 1] for min_p, got {self.filter_value}",
       )
 
+  @staticmethod
+  def in_force(values: dict) -> dict:
+    """A stored or command `ppo` section (plain values) with clip_low, clip_high and agg_mode
+    as its policy loss uses them: a run saved with 0.2 explicitly and one leaving it to "ppo"'s
+    default train alike (config/drift.py compares these)."""
+    mode = losses.POLICY_LOSS_MODES[values.get("policy_loss", "ppo")]
+    settings = mode.settings(
+        values.get("clip_low"), values.get("clip_high"), None, values.get("agg_mode")
+    )
+    return dict(
+        values, clip_low=settings.clip_low, clip_high=settings.clip_high, agg_mode=settings.agg_mode
+    )
+
   @property
   def policy(self) -> losses.PolicySettings:
     """The policy loss's settings, each None replaced by its mode's default."""
