@@ -8,6 +8,7 @@ the salts are arbitrary constants, kept as they are so that runs stay reproducib
     k = keys.step(base, step)                   # everything sampled during one training step
     keys.rollout(k, tag_index); keys.update(k)  # a tag's episodes; the update's shuffling
     keys.level_seeds_of_step(exp, step)         # {tag: first level seed of its groups}
+    keys.sampling_round(k, r); keys.level_seeds_of_round(exp, step, r)  # dynamic sampling
 """
 
 from typing import Dict
@@ -20,6 +21,10 @@ _STATE_INIT = 1  # the TrainState's initialisation (a separate critic's weights)
 _UPDATE = 1000003  # minibatch shuffling inside the train step
 _COLLAPSE = 0x4D49  # ("MI") the pairs RAGEN-2's mutual-information family samples
 _VALIDATION = 7919  # validation sampling (the same at every validation)
+_SAMPLING_ROUND = 0x5246  # ("RF") the refill rounds of dynamic sampling
+# Dynamic sampling's refill levels start this far above `seed.train`: apart from the levels the
+# training counter reaches (2^28 / groups-per-step steps) and inside int32 (jax.random.key).
+_REFILL_LEVELS = 1 << 28
 
 
 def base(seed) -> jax.Array:
@@ -41,6 +46,14 @@ def rollout(step_key: jax.Array, tag_index: int) -> jax.Array:
   return jax.random.fold_in(step_key, tag_index)
 
 
+def sampling_round(step_key: jax.Array, round_index: int) -> jax.Array:
+  """The key of sampling round `round_index` of a step (dynamic sampling): round 0 is the step's
+  own key, so that a step without refills samples as it would without dynamic sampling."""
+  if round_index == 0:
+    return step_key
+  return jax.random.fold_in(step_key, _SAMPLING_ROUND + round_index)
+
+
 def update(step_key: jax.Array) -> jax.Array:
   return jax.random.fold_in(step_key, _UPDATE)
 
@@ -59,6 +72,24 @@ def level_seeds_of_step(exp, step_index: int) -> Dict[str, int]:
   """{tag: level seed of its first group} at training step `step_index` (1-based): every step
   plays the next `sum(train_groups)` levels from `seed.train` (RAGEN's counter), tags in order."""
   seeds, seed = {}, next_train_seed(exp, step_index - 1)
+  for spec in exp.envs:
+    seeds[spec.tag] = seed
+    seed += spec.train_groups
+  return seeds
+
+
+def level_seeds_of_round(exp, step_index: int, round_index: int) -> Dict[str, int]:
+  """{tag: level seed of its first group} in sampling round `round_index` of training step
+  `step_index` (dynamic sampling): round 0 plays the step's own levels (`level_seeds_of_step`),
+  refill round r >= 1 the next `sum(train_groups)` levels of a second counter, indexed by
+  (step, round) and apart from the training counter's levels, so that a resumed run plays the
+  refills the uninterrupted run played."""
+  if round_index == 0:
+    return level_seeds_of_step(exp, step_index)
+  groups = sum(e.train_groups for e in exp.envs)
+  refills = exp.rollout.max_sampling_rounds - 1  # refill rounds per step at most
+  seed = exp.seed.train + _REFILL_LEVELS + ((step_index - 1) * refills + round_index - 1) * groups
+  seeds = {}
   for spec in exp.envs:
     seeds[spec.tag] = seed
     seed += spec.train_groups

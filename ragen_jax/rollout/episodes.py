@@ -29,7 +29,8 @@ class RolloutConfig:
 
   The config's `rollout` section holds every field but `env_groups`, `instruction` and
   `PER_TAG`, which each environment tag sets (its `envs.<tag>` section). The `val_*` fields are
-  read by validation (`for_validation`), not by the engine.
+  read by validation (`for_validation`), and the dynamic sampling ones by the training
+  collection (train/dynamic_sampling.py), not by the engine.
   """
 
   env_groups: PositiveInt = 8  # groups; each shares one start state
@@ -64,6 +65,11 @@ class RolloutConfig:
       "full"  # CONTEXT_WINDOWS: what each turn's prompt holds (module doc)
   )
   window_turns: int | None = None  # k of `last_k`: earlier turns a prompt shows
+  # DAPO's dynamic sampling (train/dynamic_sampling.py): groups without reward spread are
+  # replaced by groups of fresh levels, up to `max_sampling_rounds` rollouts per step and tag
+  dynamic_sampling: bool = False
+  max_sampling_rounds: Annotated[int, Range(1, 64)] = 3  # rollouts per step and tag, the
+  # first included (dynamic_sampling only)
 
   PER_TAG = ("render_format", "max_actions_per_traj", "max_tokens_hint")
 
@@ -72,6 +78,11 @@ class RolloutConfig:
     if not self.max_context > self.max_new_tokens:
       raise ValueError("rollout.max_context must exceed rollout.max_new_tokens")
     self.window  # pylint: disable=pointless-statement  # validates the window knobs
+    if self.dynamic_sampling and self.group_size < 2:
+      raise ValueError(
+          "rollout.dynamic_sampling needs rollout.group_size >= 2: a group of one episode "
+          "never has reward spread"
+      )
 
   @property
   def window(self) -> int | None:
@@ -98,18 +109,24 @@ class RolloutConfig:
     return k
 
   @property
+  def sampling_rounds(self) -> int:
+    """Rollouts a training step may play per tag: 1 without dynamic sampling."""
+    return self.max_sampling_rounds if self.dynamic_sampling else 1
+
+  @property
   def cache_slots(self) -> int:
     """KV-cache slots per episode (`cache_slots`)."""
     return cache_slots(self.max_context, self.max_turn_tokens)
 
   def for_validation(self) -> "RolloutConfig":
     """Validation plays `val_group_size` episodes per group at `val_temperature`, with RAGEN's
-    rewards (no training-only shaping)."""
+    rewards (no training-only shaping), and never samples dynamically (fixed levels)."""
     return dataclasses.replace(
         self,
         group_size=self.val_group_size,
         temperature=self.val_temperature,
         unchanged_penalty=0.0,
+        dynamic_sampling=False,
     )
 
 

@@ -25,6 +25,7 @@ from ragen_jax import algos
 from ragen_jax import keys
 from ragen_jax import rollout as rollout_lib
 from ragen_jax.train import batching
+from ragen_jax.train import dynamic_sampling
 from ragen_jax.train import run_state
 
 # (the policy that played a batch, the batch's {tag: RolloutResult}) -> the step's diagnostics,
@@ -43,10 +44,17 @@ class Taken:
 
 
 def play(engines, exp, policy, step_key, step: int) -> Dict[str, rollout_lib.RolloutResult]:
-  """Every tag's rollout of training step `step` by `policy`, its environment metrics added."""
-  seeds = keys.level_seeds_of_step(exp, step)
+  """Every tag's rollout of training step `step` by `policy`, its environment metrics added:
+  one round of the step's levels, or with `rollout.dynamic_sampling` refill rounds of fresh
+  levels until the batch holds groups with reward spread (train/dynamic_sampling.py)."""
   results = {
-      tag: engine.run(rollout_lib.ModelPolicy(policy), keys.rollout(step_key, i), seeds[tag])
+      tag: dynamic_sampling.play_groups(
+          engine,
+          rollout_lib.ModelPolicy(policy),
+          exp.rollout.sampling_rounds,
+          lambda r, i=i: keys.rollout(keys.sampling_round(step_key, r), i),
+          lambda r, tag=tag: keys.level_seeds_of_round(exp, step, r)[tag],
+      )
       for i, (tag, engine) in enumerate(engines.items())
   }
   for tag, result in results.items():

@@ -63,6 +63,7 @@ class HostState:
   collapse_ema: Dict[str, float] = dataclasses.field(default_factory=dict)
   stopped: Optional[Dict[str, Any]] = None  # the stopping rule that ended the run
   behaviour_step: int = 0  # async: the step whose weights play the next rollout
+  episodes_played: int = 0  # training episodes played so far, refills included
 
   @classmethod
   def new(cls, exp) -> "HostState":
@@ -75,6 +76,8 @@ class HostState:
         dict(meta.get("collapse_std_ema", {})),
         meta.get("early_stopped"),
         int(meta.get("behaviour_step", 0)),
+        # A checkpoint without the count was trained without refills.
+        int(meta.get("episodes_played", int(meta["step"]) * exp.train_episodes)),
     )
 
   def meta(self, exp, step: int, config_json: str) -> Dict[str, Any]:
@@ -85,6 +88,7 @@ class HostState:
         "val_seed": exp.seed.val,
         "early_stop": self.monitor.state,
         "collapse_std_ema": self.collapse_ema,
+        "episodes_played": self.episodes_played,
     }
     if self.stopped:
       out["early_stopped"] = self.stopped

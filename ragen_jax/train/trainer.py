@@ -65,6 +65,7 @@ from ragen_jax.config import drift
 from ragen_jax.config import schema
 from ragen_jax.train import batching
 from ragen_jax.train import collectors
+from ragen_jax.train import dynamic_sampling
 from ragen_jax.train import guards
 from ragen_jax.train import memory
 from ragen_jax.train import pipeline
@@ -324,7 +325,10 @@ class Trainer:
         **batching.batch_metrics(host_batch),
         **{"timing_s/gen": taken.seconds, "timing_s/update": t_update},
         **taken.metrics,
+        **dynamic_sampling.metrics(taken.results),
     )
+    self.host.episodes_played += int(metrics["rollout/episodes_played"])
+    metrics["rollout/episodes_played_total"] = float(self.host.episodes_played)
     return state.replace(train=train_state), metrics, host_batch
 
   def _diagnose(self, policy, results, step: int) -> Dict[str, float]:
