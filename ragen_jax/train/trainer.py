@@ -5,8 +5,10 @@
 
 Per step s = 1 .. total_steps: every environment tag plays `train_groups x group_size` episodes
 from the levels of seeds `seed.train + (s - 1) * G + offset` (G groups per step, RAGEN's
-counter), the batches are joined (one sequence per episode, padded to a multiple of
-`trainer.pad_multiple`), and one compiled, donated `algos` train step filters and updates.
+counter; with `rollout.dynamic_sampling`, refill rounds of other levels replace the groups
+without reward spread: train/dynamic_sampling.py), the batches are joined (one sequence per
+episode, padded to a multiple of `trainer.pad_multiple`), and one compiled, donated `algos`
+train step filters and updates.
 Validation (step 0 = the starting point, then every `eval_every` steps) plays the fixed seeds
 `seed.val + g` at the validation temperature. All randomness derives from (seed.init, step), so
 a resumed run replays exactly what the uninterrupted run would have done.
