@@ -247,6 +247,7 @@ def test_a_run_logs_its_sampling(runs):
   rounds = dict(scalars["rollout/sampling_rounds"])
   played = dict(scalars["rollout/episodes_played"])
   assert sorted(rounds) == [1, 2] and all(1 <= v <= 3 for v in rounds.values())
+  assert max(rounds.values()) > 1  # this run refills (seed.init 0), so resume covers refills
   # 2 groups of 2 episodes a round.
   assert all(played[s] == 4 * rounds[s] for s in (1, 2))
   assert dict(scalars["rollout/episodes_played_total"]) == {1: played[1], 2: played[1] + played[2]}
