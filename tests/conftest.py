@@ -77,6 +77,7 @@ _EARLY_FILES = (
     "rollout_text_envs_test.py",
     "envs_sokoban_test.py",
     "logging_trackers_test.py",
+    "rollout_dynamic_sampling_test.py",
 )
 
 
