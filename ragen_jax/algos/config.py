@@ -56,6 +56,12 @@ class PPOConfig:
       padded length T of the batch (here the whole conversation, not only the response).
     entropy_coeff: weight of the entropy bonus (loss −= coeff · agg(H)).
     use_kl_loss, kl_coef, kl_type: KL-to-reference loss term (needs reference parameters).
+    distill_teacher: on-policy distillation's teacher (algos.distill): a training run's workdir,
+      a Hugging Face directory or a GGUF file, loaded as the policy is, with the student's
+      tokenizer (another is refused before training). None: no teacher.
+    distill_coef: weight of the dense advantage −coef·k_t, k_t = log π_student(y_t) −
+      log π_teacher(y_t), added to the environment's advantage (0: only `distill/reverse_kl`
+      is measured).
     ppo_epochs: passes over the batch per train step.
     num_minibatches: optimizer steps per epoch; must divide the batch size.
     micro_batches: gradient-accumulation chunks per minibatch; must divide the minibatch.
@@ -102,6 +108,8 @@ class PPOConfig:
   use_kl_loss: bool = False
   kl_coef: NonNegativeFloat = 0.0
   kl_type: Annotated[str, OneOf(KL_KINDS)] = "k1"
+  distill_teacher: str | None = None  # a run's workdir, a HF directory or a GGUF file
+  distill_coef: NonNegativeFloat = 1.0
   ppo_epochs: PositiveInt = 1
   num_minibatches: PositiveInt = 4
   micro_batches: PositiveInt = 1
@@ -142,6 +150,13 @@ class PPOConfig:
     def check(ok, msg):
       if not ok:
         raise ValueError(f"ppo.{msg}")
+
+    check(
+        self.distill_teacher is None
+        or (isinstance(self.distill_teacher, str) and self.distill_teacher.strip()),
+        f"distill_teacher must be a path (a run's workdir, a Hugging Face directory or a GGUF "
+        f"file) or None, got {self.distill_teacher!r}",
+    )
 
     if self.adv_estimator == "gigpo":
       ignored = [f"ppo.{f}" for f in CRITIC_FIELDS if getattr(self, f) != _DEFAULTS[f]]
@@ -188,6 +203,11 @@ class PPOConfig:
     """The policy loss's settings, each None replaced by its mode's default."""
     mode = losses.POLICY_LOSS_MODES[self.policy_loss]
     return mode.settings(self.clip_low, self.clip_high, self.clip_c, self.agg_mode)
+
+  @property
+  def distills(self):
+    """Whether a teacher scores the student's tokens (algos.distill)."""
+    return self.distill_teacher is not None
 
   @property
   def uses_critic(self):

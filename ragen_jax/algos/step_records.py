@@ -68,6 +68,9 @@ class StepSpec:
   actor_tx: optax.GradientTransformation
   critic_tx: optax.GradientTransformation
   temperature: float = 1.0  # the rollout's: log-probs of the sampled distribution
+  # The distillation teacher's structure (ppo.distill_teacher); its parameters are an argument
+  # of each step, never part of the state (no optimizer, no gradient, not checkpointed).
+  teacher: ModelGraph | None = None
   # R: the positions per row at which log-probs are computed (the loss mask's, `logprobs.
   # response_positions`); None computes them everywhere. Set per call (`train_step`).
   width: int | None = None
@@ -96,6 +99,7 @@ class OldPass:
   entropy_BxT: jax.Array
   values_BxT: jax.Array | None  # None without a critic
   ref_logp_BxT: jax.Array | None  # None unless use_kl_loss
+  teacher_logp_BxT: jax.Array | None = None  # None without a distillation teacher
 
 
 @flax.struct.dataclass
@@ -107,6 +111,7 @@ class Advantages:
   values_BxT: jax.Array | None  # the critic's values, 0 at masked positions; None without one
   skipped: jax.Array  # bool: nothing to train on, the step is a no-op
   step_group_share: jax.Array | None = None  # GiGPO: share of turns in step groups of 2+
+  distill_metrics: dict[str, jax.Array] | None = None  # distill/* (algos.distill)
 
 
 @flax.struct.dataclass

@@ -7,13 +7,15 @@
 Inside one compiled call, five stages (pure functions below, composed by `train_step`):
   1. `order_and_filter`: the rollout filter as a keep mask over episodes (shapes never change),
      kept episodes moved first so that micro-batches holding none are not computed;
-  2. `old_pass`: no-gradient log-probs, entropies, critic values and reference log-probs;
+  2. `old_pass`: no-gradient log-probs, entropies, critic values, and the log-probs of the
+     frozen scorers: the KL reference and the distillation teacher;
   3. `advantages`: GAE with the critic (batch-global whitening), outcome advantages or GiGPO's
-     per-turn ones (from the batch's turn records);
+     per-turn ones (from the batch's turn records), plus the teacher's dense term
+     (`algos.distill`);
   4. `update`: `lax.scan` over PPO epochs and shuffled minibatches with gradient accumulation
      over micro-batches (summed in float32), updating actor and critic with AdamW (decoupled
      weight decay, global-norm clip; moments in `ppo.moment_dtype`, `optim`);
-  5. `batch_metrics`: batch statistics under veRL's and RAGEN's names.
+  5. `step_metrics.batch_metrics`: batch statistics under veRL's and RAGEN's names.
 The critic mode (none, separate model, shared value head) is a `critic.Critic` strategy; the
 stages pass the typed records of `step_records`; the state and its optimizer are `train_state`'s,
 one micro-batch's forward pass, losses and gradients `step_losses`'.
@@ -35,10 +37,11 @@ import optax
 
 from ragen_jax.algos import advantages as adv_lib
 from ragen_jax.algos import critic as critic_lib
+from ragen_jax.algos import distill
 from ragen_jax.algos import filtering
 from ragen_jax.algos import losses
+from ragen_jax.algos import step_metrics
 from ragen_jax.algos.config import PPOConfig
-from ragen_jax.algos.step_losses import aggregate
 from ragen_jax.algos.step_losses import micro_grads
 from ragen_jax.algos.step_losses import policy_forward
 from ragen_jax.algos.step_records import Advantages
@@ -107,10 +110,13 @@ def _permute_rows(batch, perm_R):
   )
 
 
-def old_pass(spec: StepSpec, state: TrainState, sel: Selection, chunk_size) -> OldPass:
+def old_pass(
+    spec: StepSpec, state: TrainState, sel: Selection, chunk_size, teacher_params=None
+) -> OldPass:
   """Stage 2: the no-gradient pass, in chunks of `chunk_size` episodes to bound activations.
 
-  Chunks holding no kept episode are not computed (zeros).
+  Chunks holding no kept episode are not computed (zeros). The KL reference and the
+  distillation teacher are frozen scorers: one forward each, no entropy.
   """
   cfg = spec.cfg
 
@@ -119,15 +125,24 @@ def old_pass(spec: StepSpec, state: TrainState, sel: Selection, chunk_size) -> O
         spec.actor, state.actor_params, tokens_UxT, attn_UxT, spec, True, mask_UxT, spec.width
     )
     values = spec.critic.values(state.critic_params, tokens_UxT, attn_UxT, hidden)
-    ref_logp = None
+    score = lambda graph, params: policy_forward(
+        graph, params, tokens_UxT, attn_UxT, spec, False, mask_UxT, spec.width
+    )[0]
+    ref_logp = teacher_logp = None
     if cfg.use_kl_loss:
       ref_params = state.ref_params
       if ref_params is None:  # LoRA: the frozen base, i.e. the actor with every B at zero
         ref_params = lora.without_adapters(state.actor_params)
-      ref_logp = policy_forward(
-          spec.ref, ref_params, tokens_UxT, attn_UxT, spec, False, mask_UxT, spec.width
-      )[0]
-    return OldPass(logp_BxT=logp, entropy_BxT=ent, values_BxT=values, ref_logp_BxT=ref_logp)
+      ref_logp = score(spec.ref, ref_params)
+    if spec.teacher is not None:
+      teacher_logp = score(spec.teacher, teacher_params)
+    return OldPass(
+        logp_BxT=logp,
+        entropy_BxT=ent,
+        values_BxT=values,
+        ref_logp_BxT=ref_logp,
+        teacher_logp_BxT=teacher_logp,
+    )
 
   def forward_if_kept(chunk):
     tokens_UxT, attn_UxT, mask_UxT, keep_U = chunk
@@ -150,7 +165,19 @@ def old_pass(spec: StepSpec, state: TrainState, sel: Selection, chunk_size) -> O
 
 
 def advantages(cfg: PPOConfig, sel: Selection, old: OldPass) -> Advantages:
-  """Stage 3: advantages and returns (batch-global statistics over kept episodes)."""
+  """Stage 3: the environment's advantages and returns (batch-global statistics over kept
+  episodes), plus the teacher's −coef·k_t when one scores (`algos.distill`; after
+  positive_advantages_only, which concerns the environment's term alone)."""
+  adv = _env_advantages(cfg, sel, old)
+  if old.teacher_logp_BxT is None:
+    return adv
+  adv_BxT, metrics = distill.add_distill_advantage(
+      adv.adv_BxT, old.logp_BxT, old.teacher_logp_BxT, sel.mask_BxT, cfg.distill_coef, adv.skipped
+  )
+  return adv.replace(adv_BxT=adv_BxT, distill_metrics=metrics)
+
+
+def _env_advantages(cfg: PPOConfig, sel: Selection, old: OldPass) -> Advantages:
   batch, mask_BxT = sel.batch, sel.mask_BxT
   maskf_BxT = mask_BxT.astype(jnp.float32)
   n_tokens = jnp.sum(maskf_BxT)
@@ -247,7 +274,7 @@ def update_data(cfg: PPOConfig, sel: Selection, old: OldPass, adv: Advantages) -
   pg_weights_BxT = None
   if cfg.rollout_correction != "none":  # "none" leaves the step's program as it was
     pg_weights_BxT = losses.rollout_correction_weights(
-        old.logp_BxT, sel.batch.logprobs_BxT, sel.mask_BxT, **_correction(cfg)
+        old.logp_BxT, sel.batch.logprobs_BxT, sel.mask_BxT, **step_metrics.correction(cfg)
     )
   with_values = adv.values_BxT is not None
   return UpdateData(
@@ -261,10 +288,6 @@ def update_data(cfg: PPOConfig, sel: Selection, old: OldPass, adv: Advantages) -
       ref_logp_BxT=old.ref_logp_BxT,
       pg_weights_BxT=pg_weights_BxT,
   )
-
-
-def _correction(cfg: PPOConfig):
-  return dict(mode=cfg.rollout_correction, cap=cfg.rollout_correction_cap)
 
 
 def _minibatch(spec: StepSpec, data: UpdateData, skipped, learner: Learner, idx_MxU):
@@ -335,70 +358,38 @@ def update(spec: StepSpec, learner: Learner, data: UpdateData, keep_B, skipped, 
   return learner, metrics
 
 
-def batch_metrics(cfg: PPOConfig, sel: Selection, old: OldPass, adv: Advantages):
-  """Stage 5: batch statistics under veRL's and RAGEN's names."""
-  mask_BxT, skipped = sel.mask_BxT, adv.skipped
-  maskf_BxT = mask_BxT.astype(jnp.float32)
-  adv_BxT, returns_BxT = adv.adv_BxT, adv.returns_BxT
-  metrics = {
-      "actor/entropy": aggregate(cfg, old.entropy_BxT, maskf_BxT),
-      "critic/advantages/mean": adv_lib.masked_mean(adv_BxT, maskf_BxT),
-  }
-  adv_max = jnp.max(jnp.where(mask_BxT, adv_BxT, -jnp.inf))
-  adv_min = jnp.min(jnp.where(mask_BxT, adv_BxT, jnp.inf))
-  metrics["critic/advantages/max"] = jnp.where(skipped, 0.0, adv_max)
-  metrics["critic/advantages/min"] = jnp.where(skipped, 0.0, adv_min)
-  metrics["critic/returns/mean"] = adv_lib.masked_mean(
-      jnp.where(mask_BxT, returns_BxT, 0.0), maskf_BxT
-  )
-  if adv.values_BxT is not None:
-    metrics["critic/values/mean"] = adv_lib.masked_mean(adv.values_BxT, maskf_BxT)
-    metrics["critic/vf_explained_var"] = jnp.where(
-        skipped, 0.0, adv_lib.explained_variance(adv.values_BxT, returns_BxT, maskf_BxT)
-    )
-  # Train/inference mismatch (veRL's training/rollout_probs_diff_*): the sampler's token
-  # probabilities against the training forward's; large values mean the update is off-policy.
-  probs_diff_BxT = jnp.abs(
-      jnp.exp(old.logp_BxT) - jnp.exp(sel.batch.logprobs_BxT.astype(jnp.float32))
-  )
-  metrics["training/rollout_probs_diff_mean"] = adv_lib.masked_mean(probs_diff_BxT, maskf_BxT)
-  metrics["training/rollout_probs_diff_max"] = jnp.max(jnp.where(mask_BxT, probs_diff_BxT, 0.0))
-  if cfg.rollout_correction != "none":
-    metrics.update(
-        losses.rollout_correction_metrics(
-            old.logp_BxT, sel.batch.logprobs_BxT, mask_BxT, **_correction(cfg)
-        )
-    )
-  if adv.step_group_share is not None:  # whether GiGPO's step level has anything to compare
-    metrics["gigpo/step_group_share"] = adv.step_group_share
-  for name in ("in_group_reward_std", "filter_kept_ratio", "filter_kept_count"):
-    metrics[f"rollout/{name}"] = sel.stats[name]
-  metrics["rollout/skipped"] = skipped.astype(jnp.float32)
-  return metrics
-
-
 # ---------------------------------------------------------------- the step
 
 
-def train_step(spec: StepSpec, state: TrainState, batch, key, response_width=None):
+def train_step(
+    spec: StepSpec, state: TrainState, batch, key, response_width=None, teacher_params=None
+):
   """One StarPO update: `(state, batch, key) -> (state, metrics)` once `spec` is bound.
 
   `response_width` (static; `logprobs.response_width` of the host batch): log-probs are then
   computed at each row's trained tokens alone. It must be at least the largest count of
   trained tokens in a row; None computes them at every position (the same update, slower).
+  `teacher_params`: the distillation teacher's parameters (a pure dict), when the step was
+  made with a teacher.
   """
   spec = dataclasses.replace(spec, width=response_width)
   cfg = spec.cfg
   b = batch.tokens_BxT.shape[0]
   cfg.check_batch(b)
   sel = order_and_filter(cfg, batch)
-  old = old_pass(spec, state, sel, chunk_size=b // (cfg.num_minibatches * cfg.micro_batches))
+  if (spec.teacher is None) != (teacher_params is None):
+    raise ValueError(
+        "ppo.distill_teacher: the train step was made "
+        + ("with a teacher and needs teacher_params" if spec.teacher else "without a teacher")
+    )
+  chunk_size = b // (cfg.num_minibatches * cfg.micro_batches)
+  old = old_pass(spec, state, sel, chunk_size, teacher_params)
   adv = advantages(cfg, sel, old)
   learner = Learner(state.actor_params, state.actor_opt, state.critic_params, state.critic_opt)
   learner, metrics = update(
       spec, learner, update_data(cfg, sel, old, adv), sel.keep_B, adv.skipped, key
   )
-  metrics.update(batch_metrics(cfg, sel, old, adv))
+  metrics.update(step_metrics.batch_metrics(cfg, sel, old, adv))
   skipped_steps = state.skipped_steps + adv.skipped.astype(jnp.int32)
   metrics["rollout/skipped_steps"] = skipped_steps.astype(jnp.float32)
   new_state = state.replace(
@@ -422,6 +413,7 @@ def make_train_step(
     critic_tx=None,
     out_shardings=None,
     temperature: float = 1.0,
+    teacher_model=None,
 ):
   """Returns `train_step(state, batch, key, response_width=None) -> (state, metrics)`, jitted
   with the state donated.
@@ -435,7 +427,14 @@ def make_train_step(
     actor_tx, critic_tx: optimizer overrides, as given to init_train_state.
     out_shardings: passed to jax.jit: (state shardings, metrics sharding) on a mesh, so the
       state keeps its layout from step to step (and donation reuses its buffers).
+    teacher_model: the distillation teacher (needed when cfg.distill_teacher is set; only its
+      structure is used: its parameters are given to each call as `teacher_params`).
   """
+  if cfg.distills and teacher_model is None:
+    raise ValueError(
+        f"ppo.distill_teacher={cfg.distill_teacher!r} needs the teacher model "
+        "(train/teacher.py loads it)"
+    )
   spec = StepSpec(
       cfg=cfg,
       temperature=float(temperature),
@@ -444,6 +443,7 @@ def make_train_step(
       critic=critic_lib.make_critic(cfg, actor_model, critic_model),
       actor_tx=actor_tx or optimizer(cfg.actor_lr, cfg),
       critic_tx=critic_tx or optimizer(cfg.critic_lr, cfg),
+      teacher=ModelGraph.of(teacher_model) if cfg.distills else None,
   )
   step = functools.partial(train_step, spec)
   if not jit:

@@ -9,6 +9,11 @@ Terms (bytes per device, the mesh dividing what it shards):
   critic       the separate critic's parameters, moments and gradient (0 for GRPO / shared)
   reference    the frozen reference policy, in the parameters' dtype (only with the KL loss; 0
                with LoRA, whose reference is the actor's own base weights)
+  teacher      the distillation teacher (ppo.distill_teacher): its parameters in their dtype
+               (no optimizer state, no gradient), plus its scoring pass: one micro-batch's
+               forward without a backward, so only the residual stream, one layer's internals,
+               one [U, T, vocab_chunk] float32 logits chunk and, with XLA's attention, one
+               layer's scores are live (0 without a teacher)
   kv_cache     the rollout's cache: L x B x S x K x Dh x 2 (k and v), S the slots the engine
                allocates (`RolloutConfig.cache_slots`: with a context window max_context bounds
                one turn's prompt and reply, so S does not grow with the turns), B over
@@ -91,11 +96,35 @@ def lora_elements(c: models.ModelConfig, lora_config, sharder) -> float:
   return total
 
 
+def scoring_activations(
+    c: models.ModelConfig,
+    tokens: float,
+    t: int,
+    vocab_chunk: int,
+    sharder,
+    platform: str | None = None,
+) -> float:
+  """Live bytes of a no-gradient forward of `tokens` tokens (rows of T) of the model `c` that
+  scores them (log-probs alone): nothing is kept for a backward, so one layer at a time."""
+  abytes = jnp.dtype(c.dtype).itemsize
+  d, f, hdh = c.hidden_size, c.intermediate_size, c.num_heads * c.head_dim
+  out = tokens * (d + 4 * d + 2 * f + 2 * hdh) * abytes  # residual + one layer's internals
+  out += tokens * min(vocab_chunk, c.vocab_size) * 4
+  if attention.resolve(c.attention, c.dtype, c.head_dim, platform) == "xla":
+    out += tokens * _sharded(((c.num_heads, "heads"),), sharder) * causal_keys(t) * SCORE_BYTES
+  return out
+
+
 def estimate(
-    exp, config: models.ModelConfig, sharder, platform: str | None = None
+    exp,
+    config: models.ModelConfig,
+    sharder,
+    platform: str | None = None,
+    teacher_config: models.ModelConfig | None = None,
 ) -> Dict[str, float]:
   """Bytes per device of each term (see the module doc) and their total, on `platform` (the
-  attention kernel `auto` picks there; default: JAX's backend)."""
+  attention kernel `auto` picks there; default: JAX's backend); `teacher_config`: the
+  distillation teacher's architecture, when one scores."""
   c, ppo, r = config, exp.ppo, exp.rollout
   pbytes = jnp.dtype(c.param_dtype).itemsize
   abytes = jnp.dtype(c.dtype).itemsize
@@ -113,6 +142,7 @@ def estimate(
   critic_bytes = n_param * pbytes + n_lora * 4.0 + (n_param + n_lora) * opt_bytes
   out["critic"] = critic_bytes if separate else 0
   out["reference"] = n_param * pbytes if ppo.use_kl_loss and lora_config is None else 0.0
+  out["teacher"] = 0.0
   batch = max(e.train_groups for e in exp.envs) * r.group_size
   capacity = r.cache_slots  # what the rollout engine allocates
   out["kv_cache"] = (
@@ -159,6 +189,11 @@ def estimate(
     heads = _sharded(((c.num_heads, "heads"),), sharder)
     layers_kept = 1 if remat else c.num_layers * models_trained
     out["activations"] += tokens * heads * causal_keys(t) * layers_kept * SCORE_BYTES
+  if teacher_config is not None:
+    tc = teacher_config
+    out["teacher"] = param_elements(tc, sharder) * jnp.dtype(tc.param_dtype).itemsize
+    out["teacher"] += lora_elements(tc, tc.lora, sharder) * 4.0  # a run's adapters, float32
+    out["teacher"] += scoring_activations(tc, tokens, t, ppo.vocab_chunk, sharder, platform)
   out["total"] = sum(out.values())
   return out
 

@@ -74,6 +74,7 @@ from ragen_jax.train import pipeline
 from ragen_jax.train import policy as policy_lib
 from ragen_jax.train import run_state
 from ragen_jax.train import stop_signals
+from ragen_jax.train import teacher as teacher_lib
 from ragen_jax.train import validation
 from ragen_jax.warm_start import sft as sft_lib
 
@@ -216,12 +217,19 @@ class Trainer:
     self.config = config
     self.sharder = sharder
     self.model, self.tok = policy_lib.build(exp, self.sharder)
-    logging.info(
-        "%s",
-        memory.describe(
-            memory.estimate(exp, self.model.config, self.sharder), memory.device_bytes()
-        ),
+    # The distillation teacher, refused here (before anything trains) if its tokenizer differs.
+    teacher_model, self.teacher_params = None, None
+    if exp.ppo.distills:
+      teacher_model, self.teacher_params = _as_config_error(
+          teacher_lib.load, exp, self.tok, self.sharder
+      )
+    estimate = memory.estimate(
+        exp,
+        self.model.config,
+        self.sharder,
+        teacher_config=None if teacher_model is None else teacher_model.config,
     )
+    logging.info("%s", memory.describe(estimate, memory.device_bytes()))
     self.engines = {
         e.tag: rollout_lib.Rollout(
             e.make(),
@@ -242,6 +250,7 @@ class Trainer:
         exp.ppo,
         out_shardings=(self.state_sharding.train, self.sharder.replicated),
         temperature=exp.rollout.temperature,
+        teacher_model=teacher_model,
     )
     self.host = run_state.HostState.new(exp)
     # Where each step's batch comes from: played when the step asks, or (async) one step ahead
@@ -315,6 +324,7 @@ class Trainer:
         batch,
         keys.update(keys.step(state.key, step)),
         response_width=algos.response_width(host_batch.loss_mask_BxT),
+        teacher_params=self.teacher_params,
     )  # dispatched: what the collector does now overlaps the update
     self.collector.after_dispatch(step)
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
