@@ -29,6 +29,11 @@ Studies (RAGEN v1 / RAGEN-2 ablations; `shared/reference/ragen.md` §8):
   actions_per_turn  1 to 6 actions per turn (Sokoban PPO), each after 100 fine-tuning steps on
                     demonstrations that use that many actions a turn
   group_size        responses per prompt 4, 8, 16 at 32 episodes per step (Sokoban PPO)
+  policy_losses     PPO, GRPO, GSPO and CISPO (`ppo.policy_loss`) from the Sokoban and FrozenLake
+                    PPO configs, only the estimator and the loss changed
+
+Below the table the report pairs each run's first and last validation by level (gain and its
+standard error over levels), with the valid-action rate and the median step time.
 """
 
 import argparse
