@@ -302,32 +302,41 @@ def read_levels(workdir: str, scalars) -> Dict[int, Dict[int, bool]]:
   return levels
 
 
-def paired_table(names: Sequence[str], scalars, levels) -> str:
+def paired_table(names: Sequence[str], configs: Sequence[str], scalars, levels) -> str:
   """Each run's first against its last validation, paired by level, with the valid-action rate
-  (`val/action_is_valid`) at both and the median step time after the first (compiling) step."""
-  sys.path.insert(
-      0, ROOT
-  )  # run as `python experiments/ablations.py`, `experiments` is not a package
+  (`val/action_is_valid`) at both and the median step time after the first (compiling) step.
+  A run's last validation is also set against that of the first run of its config file (the
+  study's baseline for that environment), paired by level."""
+  # Run as `python experiments/ablations.py`, the repository root is not on the path.
+  sys.path.insert(0, ROOT)
   from experiments import gpu_learn  # pylint: disable=g-import-not-at-top
 
   lines = [
-      "| run | val success, first -> last | gain (points, paired SE) | valid actions, first -> "
-      "last | s/step (median) |",
-      "| --- | ---: | ---: | ---: | ---: |",
+      "| run | val success, first -> last | gain (points, paired SE) | last against the "
+      "config's first run (points, paired SE) | valid actions, first -> last | s/step (median) |",
+      "| --- | ---: | ---: | ---: | ---: | ---: |",
   ]
-  for name, s, by_step in zip(names, scalars, levels):
+  baselines = {}  # config file -> (run name, its last validation)
+  for name, config, s, by_step in zip(names, configs, scalars, levels):
     if len(by_step) < 2:
       continue
     (first, start), (last, end) = sorted(by_step.items())[0], sorted(by_step.items())[-1]
     start, end = gpu_learn.Heldout(start), gpu_learn.Heldout(end)
     mean, se = gpu_learn.gain(start, end)
+    against = ""
+    if config in baselines:
+      base_name, base = baselines[config]
+      diff, diff_se = gpu_learn.gain(base, end)
+      against = f"{diff:+.1f} ± {diff_se:.1f} vs {base_name}"
+    else:
+      baselines[config] = (name, end)
     valid = [v for _, v in s.get("val/action_is_valid", [])]
     valid_text = f"{100 * valid[0]:.1f}% -> {100 * valid[-1]:.1f}%" if valid else "n/a"
     timing = [v for k, v in s.get("timing_s/step", []) if k >= 2]
     per_step = f"{np.median(timing):.1f}" if timing else "n/a"
     lines.append(
         f"| {name} | {100 * start.rate:.1f}% (step {first}) -> {100 * end.rate:.1f}% (step "
-        f"{last}) | {mean:+.1f} ± {se:.1f} | {valid_text} | {per_step} |"
+        f"{last}) | {mean:+.1f} ± {se:.1f} | {against} | {valid_text} | {per_step} |"
     )
   return "\n".join(lines) if len(lines) > 2 else ""
 
@@ -360,7 +369,7 @@ def report(
   from ragen_jax import logging_utils, plot  # pylint: disable=g-import-not-at-top
 
   os.makedirs(out_dir, exist_ok=True)
-  loaded, used, from_saved, levels = [], [], [], []
+  loaded, used, from_saved, levels, configs = [], [], [], [], []
   for run, cmd, workdir in zip(runs, commands, workdirs):
     workdir = os.path.join(ROOT, workdir)  # relative ones from the repository root
     saved = os.path.join(out_dir, study, f"{run.name}.json")
@@ -377,6 +386,7 @@ def report(
       from_saved.append(run.name)
     loaded.append(plot.Run(name=run.name, workdir=workdir, scalars=scalars))
     used.append(cmd)
+    configs.append(run.config)
   if not loaded:
     raise ValueError(f"study {study!r}: no run has written events yet")
   png = os.path.join(out_dir, f"{study}.png")
@@ -392,7 +402,7 @@ def report(
         "",
     ]
   lines += [plot.table(loaded), ""]
-  paired = paired_table([r.name for r in loaded], [r.scalars for r in loaded], levels)
+  paired = paired_table([r.name for r in loaded], configs, [r.scalars for r in loaded], levels)
   if paired:
     lines += ["Paired by level (the first and the last validation play the same levels):", ""]
     lines += [paired, ""]

@@ -212,18 +212,29 @@ def _validation(workdir, step, successes, valid):
 
 
 def test_report_pairs_the_first_and_last_validation_by_level(tmp_path):
-  runs = ablations.STUDIES["clip_higher"][:1]
-  workdir, out = str(tmp_path / "run"), str(tmp_path / "out")
-  with logging_utils.SummaryWriter(workdir) as writer:
-    writer.scalars(0, _validation(workdir, 0, [True, False, False, True], 0.9))
-    writer.scalars(1, {"timing_s/step": 10.0})  # compiles: left out of the median
-    for step, seconds in ((2, 3.0), (3, 5.0), (4, 4.0)):
-      writer.scalars(step, {"timing_s/step": seconds})
-    writer.scalars(4, _validation(workdir, 4, [True, True, True, True], 0.75))
-  cmds = [ablations.command(runs[0], workdir)]
-  # Per-level differences 0, 1, 1, 0: mean 0.5, sample std sqrt(1/3), SE sqrt(1/3) / 2.
-  row = "| clip_0.2_0.2 | 50.0% (step 0) -> 100.0% (step 4) | +50.0 ± 28.9 | 90.0% -> 75.0% | 4.0 |"
-  assert row in _read(ablations.report("clip_higher", runs, cmds, [workdir], out))
-  # The levels are saved with the scalars: the same row without the run's directory.
-  shutil.rmtree(workdir)
-  assert row in _read(ablations.report("clip_higher", runs, cmds, [workdir], out))
+  runs = ablations.STUDIES["clip_higher"]  # two runs of one config: the first is the baseline
+  workdirs, out = [str(tmp_path / r.name) for r in runs], str(tmp_path / "out")
+  ends = ([True, True, True, True], [False, True, True, False])
+  for workdir, end in zip(workdirs, ends):
+    with logging_utils.SummaryWriter(workdir) as writer:
+      writer.scalars(0, _validation(workdir, 0, [True, False, False, True], 0.9))
+      writer.scalars(1, {"timing_s/step": 10.0})  # compiles: left out of the median
+      for step, seconds in ((2, 3.0), (3, 5.0), (4, 4.0)):
+        writer.scalars(step, {"timing_s/step": seconds})
+      writer.scalars(4, _validation(workdir, 4, end, 0.75))
+  cmds = [ablations.command(r, w) for r, w in zip(runs, workdirs)]
+  # First run: per-level differences 0, 1, 1, 0: mean 0.5, sample std sqrt(1/3), SE sqrt(1/3) / 2.
+  # Second run against the first's last validation: -1, 0, 0, -1: mean -0.5, the same SE; its own
+  # gain: -1, 1, 1, -1: mean 0, sample std sqrt(4/3), SE sqrt(4/3) / 2.
+  rows = (
+      "| clip_0.2_0.2 | 50.0% (step 0) -> 100.0% (step 4) | +50.0 ± 28.9 |  | 90.0% -> 75.0% | 4.0 |",
+      "| clip_0.2_0.28 | 50.0% (step 0) -> 50.0% (step 4) | +0.0 ± 57.7 | -50.0 ± 28.9 vs "
+      "clip_0.2_0.2 | 90.0% -> 75.0% | 4.0 |",
+  )
+  text = _read(ablations.report("clip_higher", runs, cmds, workdirs, out))
+  assert all(row in text for row in rows), text
+  # The levels are saved with the scalars: the same rows without the runs' directories.
+  for workdir in workdirs:
+    shutil.rmtree(workdir)
+  text = _read(ablations.report("clip_higher", runs, cmds, workdirs, out))
+  assert all(row in text for row in rows), text
