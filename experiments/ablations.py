@@ -29,6 +29,11 @@ Studies (RAGEN v1 / RAGEN-2 ablations; `shared/reference/ragen.md` §8):
   actions_per_turn  1 to 6 actions per turn (Sokoban PPO), each after 100 fine-tuning steps on
                     demonstrations that use that many actions a turn
   group_size        responses per prompt 4, 8, 16 at 32 episodes per step (Sokoban PPO)
+  policy_losses     PPO, GRPO, GSPO and CISPO (`ppo.policy_loss`) from the Sokoban and FrozenLake
+                    PPO configs, only the estimator and the loss changed
+
+Below the table the report pairs each run's first and last validation by level (gain and its
+standard error over levels), with the valid-action rate and the median step time.
 """
 
 import argparse
@@ -41,6 +46,9 @@ import sys
 import time
 from typing import Dict, List, Sequence, Tuple
 
+import numpy as np
+
+from ragen_jax import algos
 from ragen_jax.config import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -89,8 +97,28 @@ def _algorithms() -> List[Run]:
   return runs
 
 
+def _policy_losses() -> List[Run]:
+  """PPO, GRPO, GSPO and CISPO from each env's PPO config: only the estimator and the loss change.
+
+  GSPO and CISPO take GRPO's group-relative advantages (GSPO is defined with them); each loss
+  keeps its own clip range and aggregation (`ppo.policy_loss`'s defaults), the rest (warm start,
+  rollouts, filter, learning rate, minibatches, seeds) stays the config's.
+  """
+  runs = []
+  for env in ("sokoban", "frozenlake"):
+    config, grpo = f"configs/{env}_ppo.py", ("ppo.adv_estimator", "grpo")
+    runs += [
+        Run(f"{env}_ppo", config),
+        Run(f"{env}_grpo", config, (grpo,)),
+        Run(f"{env}_gspo", config, (grpo, ("ppo.policy_loss", "gspo"))),
+        Run(f"{env}_cispo", config, (grpo, ("ppo.policy_loss", "cispo"))),
+    ]
+  return runs
+
+
 STUDIES: Dict[str, List[Run]] = {
     "algorithms": _algorithms(),
+    "policy_losses": _policy_losses(),
     "filtering": [
         _sokoban("top_p_1.0", **{"ppo.filter_strategy": "top_p", "ppo.filter_value": 1.0}),
         *(
@@ -142,13 +170,14 @@ STUDIES: Dict[str, List[Run]] = {
 }
 
 
-def _typed(old, text: str):
-  """A command-line value as the config field's type (as ml_collections' config flag parses it)."""
-  if isinstance(old, bool):
+def _typed(kind: type, text: str):
+  """A command-line value as the config field's type (as ml_collections' config flag parses it);
+  `kind` is the field's declared type, which a None placeholder (`ppo.agg_mode`) keeps too."""
+  if kind is bool:
     if text not in ("True", "False"):
       raise ValueError(f"{text!r} is not a bool (True or False)")
     return text == "True"
-  return type(old)(text) if old is not None else float(text)
+  return kind(text)
 
 
 def _load(run: Run, variant: str):
@@ -163,7 +192,7 @@ def _apply(config, run: Run):
     node = config
     for part in parents:
       node = node[part]
-    node[leaf] = _typed(node[leaf], text)
+    node[leaf] = _typed(node.get_type(leaf), text)
   return config
 
 
@@ -174,10 +203,13 @@ def run_config(run: Run, variant: str = ""):
 
 def workdir_of(study: str, run: Run, runs_root: str, steps: int = 0, variant: str = "") -> str:
   """`<runs_root>/<study>/<run>`, or the shared `<runs_root>/defaults/<config>` when the run's
-  overrides change nothing (one training serves every study that has the default run)."""
+  overrides change nothing (one training serves every study that has the default run): the
+  policy loss's settings compared as in force (0.28 set where the loss's default is 0.28 trains
+  alike)."""
+  in_force = lambda c: dict(c.to_dict(), ppo=algos.PPOConfig.in_force(c.ppo.to_dict()))  # pylint: disable=unnecessary-lambda-assignment
   config = _load(run, variant)
-  default = config.to_dict()
-  if _apply(config, run).to_dict() != default:
+  default = in_force(config)
+  if in_force(_apply(config, run)) != default:
     return os.path.join(runs_root, study, run.name)
   name = os.path.splitext(os.path.basename(run.config))[0]
   name += (f"_{variant}" if variant else "") + (f"_{steps}steps" if steps else "")
@@ -237,11 +269,76 @@ def _recipe(cmd: Sequence[str]) -> List[str]:
   return [a for a in cmd[2:] if not a.startswith("--workdir=")]
 
 
-def save_scalars(path: str, cmd: Sequence[str], scalars) -> None:
-  """A finished run's scalars, with the recipe they came from, as JSON next to the report."""
+def save_scalars(path: str, cmd: Sequence[str], scalars, levels=None) -> None:
+  """A finished run's scalars, with the recipe they came from, as JSON next to the report;
+  `levels` ({step: {level seed: success}}, see `read_levels`) goes with them."""
   os.makedirs(os.path.dirname(path), exist_ok=True)
+  saved = {"recipe": _recipe(cmd), "scalars": scalars, "levels": levels or {}}
   with open(path, "w", encoding="utf-8") as f:
-    json.dump({"recipe": _recipe(cmd), "scalars": scalars}, f, separators=(",", ":"))
+    json.dump(saved, f, separators=(",", ":"))
+
+
+def load_levels(path: str) -> Dict[int, Dict[int, bool]]:
+  """The per-level successes saved at `path` by `save_scalars` ({} when there are none)."""
+  if not os.path.isfile(path):
+    return {}
+  with open(path, encoding="utf-8") as f:
+    levels = json.load(f).get("levels", {})
+  return {int(s): {int(k): bool(v) for k, v in by.items()} for s, by in levels.items()}
+
+
+def read_levels(workdir: str, scalars) -> Dict[int, Dict[int, bool]]:
+  """Success by level seed at the run's first and last validations (`eval/step_<s>.jsonl`), for
+  the validations whose trajectories are there (one episode a level: `rollout.val_group_size`
+  1, so a level's seed names one episode)."""
+  steps = [s for s, _ in scalars.get("val/success", [])]
+  levels = {}
+  for step in sorted({steps[0], steps[-1]}) if steps else ():
+    path = os.path.join(workdir, "eval", f"step_{step}.jsonl")
+    if os.path.isfile(path):
+      with open(path, encoding="utf-8") as f:
+        records = [json.loads(line) for line in f if line.strip()]
+      levels[step] = {int(r["seed"]): bool(r["success"]) for r in records}
+  return levels
+
+
+def paired_table(names: Sequence[str], configs: Sequence[str], scalars, levels) -> str:
+  """Each run's first against its last validation, paired by level, with the valid-action rate
+  (`val/action_is_valid`) at both and the median step time after the first (compiling) step.
+  A run's last validation is also set against that of the first run of its config file (the
+  study's baseline for that environment), paired by level."""
+  # Run as `python experiments/ablations.py`, the repository root is not on the path.
+  sys.path.insert(0, ROOT)
+  from experiments import gpu_learn  # pylint: disable=g-import-not-at-top
+
+  lines = [
+      "| run | val success, first -> last | gain (points, paired SE) | last against the "
+      "config's first run (points, paired SE) | valid actions, first -> last | s/step (median) |",
+      "| --- | ---: | ---: | ---: | ---: | ---: |",
+  ]
+  baselines = {}  # config file -> (run name, its last validation)
+  for name, config, s, by_step in zip(names, configs, scalars, levels):
+    if len(by_step) < 2:
+      continue
+    (first, start), (last, end) = sorted(by_step.items())[0], sorted(by_step.items())[-1]
+    start, end = gpu_learn.Heldout(start), gpu_learn.Heldout(end)
+    mean, se = gpu_learn.gain(start, end)
+    against = ""
+    if config in baselines:
+      base_name, base = baselines[config]
+      diff, diff_se = gpu_learn.gain(base, end)
+      against = f"{diff:+.1f} ± {diff_se:.1f} vs {base_name}"
+    else:
+      baselines[config] = (name, end)
+    valid = [v for _, v in s.get("val/action_is_valid", [])]
+    valid_text = f"{100 * valid[0]:.1f}% -> {100 * valid[-1]:.1f}%" if valid else "n/a"
+    timing = [v for k, v in s.get("timing_s/step", []) if k >= 2]
+    per_step = f"{np.median(timing):.1f}" if timing else "n/a"
+    lines.append(
+        f"| {name} | {100 * start.rate:.1f}% (step {first}) -> {100 * end.rate:.1f}% (step "
+        f"{last}) | {mean:+.1f} ± {se:.1f} | {against} | {valid_text} | {per_step} |"
+    )
+  return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def load_scalars(path: str, cmd: Sequence[str]):
@@ -272,21 +369,24 @@ def report(
   from ragen_jax import logging_utils, plot  # pylint: disable=g-import-not-at-top
 
   os.makedirs(out_dir, exist_ok=True)
-  loaded, used, from_saved = [], [], []
+  loaded, used, from_saved, levels, configs = [], [], [], [], []
   for run, cmd, workdir in zip(runs, commands, workdirs):
     workdir = os.path.join(ROOT, workdir)  # relative ones from the repository root
     saved = os.path.join(out_dir, study, f"{run.name}.json")
     # A run that has only just started has an events file but no scalars yet: left out.
     scalars = logging_utils.read_scalars(workdir) if os.path.isdir(workdir) else {}
     if scalars:
-      save_scalars(saved, cmd, scalars)
+      levels.append(read_levels(workdir, scalars))
+      save_scalars(saved, cmd, scalars, levels[-1])
     else:
       scalars = load_scalars(saved, cmd)
       if not scalars:
         continue
+      levels.append(load_levels(saved))
       from_saved.append(run.name)
     loaded.append(plot.Run(name=run.name, workdir=workdir, scalars=scalars))
     used.append(cmd)
+    configs.append(run.config)
   if not loaded:
     raise ValueError(f"study {study!r}: no run has written events yet")
   png = os.path.join(out_dir, f"{study}.png")
@@ -301,7 +401,12 @@ def report(
         f"here): {', '.join(from_saved)}.",
         "",
     ]
-  lines += [plot.table(loaded), "", f"![{study}]({os.path.basename(png)})", ""]
+  lines += [plot.table(loaded), ""]
+  paired = paired_table([r.name for r in loaded], configs, [r.scalars for r in loaded], levels)
+  if paired:
+    lines += ["Paired by level (the first and the last validation play the same levels):", ""]
+    lines += [paired, ""]
+  lines += [f"![{study}]({os.path.basename(png)})", ""]
   md = os.path.join(out_dir, f"{study}.md")
   with open(md, "w", encoding="utf-8") as f:
     f.write("\n".join(lines))

@@ -1,5 +1,6 @@
 """experiments/ablations.py: every study's runs are valid experiments; commands; the report."""
 
+import json
 import os
 import shutil
 import sys
@@ -11,6 +12,12 @@ from ragen_jax.config import schema
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from experiments import ablations  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def _read(path):
+  with open(path, encoding="utf-8") as f:
+    return f.read()
+
 
 ALL_RUNS = [(study, run) for study, runs in ablations.STUDIES.items() for run in runs]
 
@@ -50,7 +57,7 @@ def test_runs_that_change_nothing_share_the_default_run():
       ("algorithms", f"{env}_{algo}")
       for env in ("sokoban", "frozenlake", "bandit")
       for algo in ("ppo", "grpo")
-  }
+  } | {("policy_losses", "sokoban_ppo"), ("policy_losses", "frozenlake_ppo")}
   kl, clip = ablations.STUDIES["kl"][0], ablations.STUDIES["clip_higher"][1]
   assert (
       ablations.workdir_of("kl", kl, "R")
@@ -75,6 +82,27 @@ def test_study_contents_match_ragens_ablations():
         ablations.ACTIONS_SFT_STEPS,
     )
   assert len(names("algorithms")) == 12  # 4 algorithms x 3 environments
+  # Policy losses: each env's PPO config, only the estimator and the loss differ per run.
+  for env in ("sokoban", "frozenlake"):
+    configs = {
+        algo: ablations.run_config(
+            next(r for r in ablations.STUDIES["policy_losses"] if r.name == f"{env}_{algo}")
+        )
+        for algo in ("ppo", "grpo", "gspo", "cispo")
+    }
+    picked = {
+        a: (c.ppo.adv_estimator, c.ppo.policy_loss, c.ppo.clip_high) for a, c in configs.items()
+    }
+    assert picked == {
+        "ppo": ("gae", "ppo", None),
+        "grpo": ("grpo", "ppo", None),
+        "gspo": ("grpo", "gspo", None),
+        "cispo": ("grpo", "cispo", None),
+    }
+    plain = [c.to_dict() for c in configs.values()]
+    for c in plain:
+      del c["ppo"]["adv_estimator"], c["ppo"]["policy_loss"]
+    assert all(c == plain[0] for c in plain), env
   for run in ablations.STUDIES["group_size"]:  # a fixed batch of 32 episodes
     values = dict(run.overrides)
     assert int(values["rollout.group_size"]) * int(values["envs.sokoban.train_groups"]) == 32
@@ -111,7 +139,7 @@ def test_report_names_runs_and_tabulates_their_validations(tmp_path):
       writer.scalars(2, {"val/success": end})
   cmds = [ablations.command(r, w) for r, w in zip(runs, workdirs)]
   md = ablations.report("clip_higher", runs, cmds, workdirs, str(tmp_path / "out"))
-  text = open(md).read()
+  text = _read(md)
   assert "python launch.py --config=configs/sokoban_ppo.py" in text
   # start 25%; gain = mean(start, end) - start, in points.
   assert "| clip_0.2_0.2 | 25.0% | 50.0% | +12.5 | 2 | 3 |" in text
@@ -124,17 +152,17 @@ def test_report_names_runs_and_tabulates_their_validations(tmp_path):
   md = ablations.report(
       "clip_higher", runs, cmds, [workdirs[0], str(started)], str(tmp_path / "o2")
   )
-  text = open(md).read()
+  text = _read(md)
   assert "| clip_0.2_0.2 |" in text and "clip_0.2_0.28" not in text
   # Each run's scalars are saved beside the report: a run whose directory is gone is read from
   # them, with the same row; saved from another recipe (here 7 steps), they are ignored.
   shutil.rmtree(workdirs[1])
   md = ablations.report("clip_higher", runs, cmds, workdirs, str(tmp_path / "out"))
-  text = open(md).read()
+  text = _read(md)
   assert "| clip_0.2_0.28 | 25.0% | 12.5% | -6.2 | 2 | 3 |" in text
   assert "(their run directories were not here): clip_0.2_0.28." in text
   other = [ablations.command(r, w, steps=7) for r, w in zip(runs, workdirs)]
-  text = open(ablations.report("clip_higher", runs, other, workdirs, str(tmp_path / "out"))).read()
+  text = _read(ablations.report("clip_higher", runs, other, workdirs, str(tmp_path / "out")))
   assert "| clip_0.2_0.2 |" in text and "clip_0.2_0.28" not in text
   with pytest.raises(ValueError, match="no run has written events"):
     ablations.report(
@@ -166,8 +194,47 @@ def test_report_only_of_some_runs_keeps_the_study_whole(tmp_path, capsys):
       )
       == 0
   )
-  text = open(os.path.join(out, "clip_higher.md")).read()
+  text = _read(os.path.join(out, "clip_higher.md"))
   assert "| clip_0.2_0.2 | 25.0% | 50.0% | +12.5 | 2 | 3 |" in text
   assert "| clip_0.2_0.28 | 25.0% | 12.5% | -6.2 | 2 | 3 |" in text
   assert "were not here): clip_0.2_0.2." in text
   assert "--workdir=" in capsys.readouterr().out  # --only's commands were printed
+
+
+def _validation(workdir, step, successes, valid):
+  """A validation at `step`: its scalars and its trajectories, level seeds 100, 101, ..."""
+  os.makedirs(os.path.join(workdir, "eval"), exist_ok=True)
+  with open(os.path.join(workdir, "eval", f"step_{step}.jsonl"), "w", encoding="utf-8") as f:
+    for i, ok in enumerate(successes):
+      f.write(json.dumps({"env": "sokoban", "seed": 100 + i, "success": ok}) + "\n")
+  rate = sum(successes) / len(successes)
+  return {"val/success": rate, "val/action_is_valid": valid}
+
+
+def test_report_pairs_the_first_and_last_validation_by_level(tmp_path):
+  runs = ablations.STUDIES["clip_higher"]  # two runs of one config: the first is the baseline
+  workdirs, out = [str(tmp_path / r.name) for r in runs], str(tmp_path / "out")
+  ends = ([True, True, True, True], [False, True, True, False])
+  for workdir, end in zip(workdirs, ends):
+    with logging_utils.SummaryWriter(workdir) as writer:
+      writer.scalars(0, _validation(workdir, 0, [True, False, False, True], 0.9))
+      writer.scalars(1, {"timing_s/step": 10.0})  # compiles: left out of the median
+      for step, seconds in ((2, 3.0), (3, 5.0), (4, 4.0)):
+        writer.scalars(step, {"timing_s/step": seconds})
+      writer.scalars(4, _validation(workdir, 4, end, 0.75))
+  cmds = [ablations.command(r, w) for r, w in zip(runs, workdirs)]
+  # First run: per-level differences 0, 1, 1, 0: mean 0.5, sample std sqrt(1/3), SE sqrt(1/3) / 2.
+  # Second run against the first's last validation: -1, 0, 0, -1: mean -0.5, the same SE; its own
+  # gain: -1, 1, 1, -1: mean 0, sample std sqrt(4/3), SE sqrt(4/3) / 2.
+  rows = (
+      "| clip_0.2_0.2 | 50.0% (step 0) -> 100.0% (step 4) | +50.0 ± 28.9 |  | 90.0% -> 75.0% | 4.0 |",
+      "| clip_0.2_0.28 | 50.0% (step 0) -> 50.0% (step 4) | +0.0 ± 57.7 | -50.0 ± 28.9 vs "
+      "clip_0.2_0.2 | 90.0% -> 75.0% | 4.0 |",
+  )
+  text = _read(ablations.report("clip_higher", runs, cmds, workdirs, out))
+  assert all(row in text for row in rows), text
+  # The levels are saved with the scalars: the same rows without the runs' directories.
+  for workdir in workdirs:
+    shutil.rmtree(workdir)
+  text = _read(ablations.report("clip_higher", runs, cmds, workdirs, out))
+  assert all(row in text for row in rows), text
