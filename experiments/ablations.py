@@ -48,8 +48,8 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from ragen_jax import algos
 from ragen_jax.config import cli
+from ragen_jax.config import drift
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -206,10 +206,9 @@ def workdir_of(study: str, run: Run, runs_root: str, steps: int = 0, variant: st
   overrides change nothing (one training serves every study that has the default run): the
   policy loss's settings compared as in force (0.28 set where the loss's default is 0.28 trains
   alike)."""
-  in_force = lambda c: dict(c.to_dict(), ppo=algos.PPOConfig.in_force(c.ppo.to_dict()))  # pylint: disable=unnecessary-lambda-assignment
   config = _load(run, variant)
-  default = in_force(config)
-  if in_force(_apply(config, run)) != default:
+  default = drift.in_force(config.to_dict())
+  if drift.in_force(_apply(config, run).to_dict()) != default:
     return os.path.join(runs_root, study, run.name)
   name = os.path.splitext(os.path.basename(run.config))[0]
   name += (f"_{variant}" if variant else "") + (f"_{steps}steps" if steps else "")

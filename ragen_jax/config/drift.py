@@ -74,8 +74,8 @@ def compare(stored_json: str, config_json: str) -> Tuple[List[Change], List[Chan
   if not stored_values or not now_values:
     return [], []
   # Through JSON on both sides: tuples and lists compare equal, as they are stored.
-  stored = flatten(_in_force(json.loads(stored_config(stored_values).to_json_best_effort())))
-  now = flatten(_in_force(now_values))
+  stored = flatten(in_force(json.loads(stored_config(stored_values).to_json_best_effort())))
+  now = flatten(in_force(now_values))
   changes = [
       (key, stored.get(key, ABSENT), now.get(key, ABSENT))
       for key in sorted(stored.keys() | now.keys())
@@ -84,7 +84,7 @@ def compare(stored_json: str, config_json: str) -> Tuple[List[Change], List[Chan
   return [c for c in changes if may_change(c[0])], [c for c in changes if not may_change(c[0])]
 
 
-def _in_force(values: dict) -> dict:
+def in_force(values: dict) -> dict:
   """The settings a step uses where a key's None stands for a mode's default (the policy
   loss's clip range and aggregation), so that spelling a default out is no change."""
   if isinstance(values.get("ppo"), dict):
