@@ -16,11 +16,14 @@ from ragen_jax.train import run_state
 from ragen_jax.train import trainer
 
 
-def test_an_event_every_n_steps_falls_on_each_nth_step_and_the_last():
+def test_an_event_every_n_steps_falls_on_each_nth_step_and_the_last_or_first():
   assert [s for s in range(1, 11) if trainer.due(s, 4, 10)] == [4, 8, 10]
   assert [s for s in range(1, 4) if trainer.due(s, 1, 3)] == [1, 2, 3]
   assert [s for s in range(1, 4) if trainer.due(s, 10, 3)] == [3]
   assert not any(trainer.due(s, 0, 3) for s in range(1, 4))  # never
+  # The collapse diagnostics' use: step 1 and every N, not the last step (RAGEN-2's rule).
+  assert [s for s in range(1, 13) if trainer.due(s, 5, first=True)] == [1, 5, 10]
+  assert not any(trainer.due(s, 0, first=True) for s in range(1, 4))
 
 
 def test_the_synchronous_collector_is_the_identity_around_the_step():

@@ -4,7 +4,7 @@ from ragen_jax import diagnostics
 m = diagnostics.mi_metrics(logp_sum_SxP, num_tokens_S, prompt_index_S)   # pure, jit-able
 turns = diagnostics.collect_turns(results, tokenizer)                    # (x, z) per turn
 step = diagnostics.step_metrics(turns)                                   # every step
-mi, ema = diagnostics.compute(model, turns, cfg, rng, ema, pad_id=...)   # when cfg.due(step)
+mi, ema = diagnostics.compute(model, turns, cfg, rng, ema, pad_id=...)   # step 1, every compute_freq
 """
 
 from ragen_jax.diagnostics.collapse import CollapseConfig

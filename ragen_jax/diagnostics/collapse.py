@@ -3,7 +3,7 @@
     cfg = collapse.CollapseConfig(compute_freq=5, num_samples=64)
     turns = diagnostics.collect_turns(results, tokenizer)      # every step: cheap, host side
     metrics = diagnostics.step_metrics(turns)                  # valid-thinking rate, lengths
-    if cfg.due(step):
+    if trainer.due(step, cfg.compute_freq, first=True):    # ragen_jax.train.trainer
       mi, ema = collapse.compute(model, turns, cfg, rng, ema, pad_id=..., temperature=...)
 
 Metric names: `collapse/<family>/<mi_metrics name>` for family first_turn and multi_turn, plus
@@ -38,9 +38,6 @@ class CollapseConfig:
 
   def __post_init__(self):
     check_fields(self, "diagnostics")
-
-  def due(self, step: int) -> bool:
-    return self.compute_freq > 0 and (step == 1 or step % self.compute_freq == 0)
 
 
 def family_metrics(

@@ -203,10 +203,12 @@ def _write_config_record(workdir: str, config) -> None:
     atomic_write.write_text(os.path.join(workdir, "config.json"), _config_json(config, indent=1))
 
 
-def due(step: int, every: int, total: int) -> bool:
-  """Whether an "every N steps" event falls at `step`: each `every`-th step and the last one
-  (`every` 0: never). The one cadence rule of the loop (big_vision's `itstime`)."""
-  return bool(every) and (step % every == 0 or step == total)
+def due(step: int, every: int, total: int | None = None, *, first: bool = False) -> bool:
+  """Whether an "every N steps" event falls at `step`: each `every`-th step, the last one
+  (`total`, when given) and step 1 (when `first`); `every` 0: never. The one cadence rule of the
+  loop (big_vision's `itstime`): validation and saving end on the last step, the collapse
+  diagnostics start at step 1 (RAGEN-2's baseline before any update)."""
+  return bool(every) and (step % every == 0 or step == total or (first and step == 1))
 
 
 class Trainer:
@@ -350,7 +352,7 @@ class Trainer:
       return {}
     turns = diagnostics.collect_turns(results, self.tok)
     metrics = diagnostics.step_metrics(turns)
-    if self.exp.diagnostics.due(step):
+    if due(step, self.exp.diagnostics.compute_freq, first=True):
       tic = time.perf_counter()
       mi, self.host.collapse_ema = diagnostics.compute(
           policy,
