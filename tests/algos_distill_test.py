@@ -1,13 +1,16 @@
 """On-policy distillation: the dense reverse-KL advantage, its gradient under every policy loss,
-the teacher's loaders and the tokenizer rule.
+the teacher's loaders (a run's workdir, a Hugging Face directory, a GGUF file) and the tokenizer
+rule.
 
 Dimensions: B episodes, T tokens, V vocabulary.
 """
 
 import json
 import os
+import types
 
 from flax import nnx
+from gguf import GGMLQuantizationType as Q
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -31,7 +34,8 @@ from ragen_jax.train import policy as policy_lib
 from ragen_jax.train import run_state
 from ragen_jax.train import teacher as teacher_lib
 from ragen_jax.train import trainer
-from tiny import B  # pylint: disable=g-bad-import-order
+import gguf_files  # pylint: disable=g-bad-import-order
+from tiny import B
 from tiny import make_batch
 from tiny import MODEL
 from tiny import randomise
@@ -151,7 +155,7 @@ def smoke_exp(**ppo):
 
 
 def assert_same_params(model, params):
-  for a, b in zip(jax.tree.leaves(param_dict(model)), jax.tree.leaves(params)):
+  for a, b in zip(jax.tree.leaves(param_dict(model)), jax.tree.leaves(params), strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
@@ -179,6 +183,64 @@ def test_a_teacher_loads_from_a_run_workdir(tmp_path):
   _, exp = smoke_exp(distill_teacher=str(tmp_path))
   _, params = teacher_lib.load(exp, tok)
   assert_same_params(model, params)
+
+
+@pytest.fixture(scope="module", name="gguf_dir")
+def gguf_dir_fixture(tmp_path_factory):
+  """llama.gguf (a tiny Llama, F32), hf/ (the same weights and tokenizer as a Hugging Face
+  directory) and digits.gguf (another Llama whose BPE splits digits first: the same vocabulary
+  size and special ids, other merges)."""
+  root = tmp_path_factory.mktemp("gguf_teacher")
+  gguf_files.write_gguf(root / "llama.gguf", "llama", Q.F32)
+  gguf_files.write_hf_directory(root / "hf", "llama")
+  gguf_files.write_gguf(root / "digits.gguf", "llama", Q.F32, pre="smollm")
+  return root
+
+
+def teacher_logp(model, params, tok):
+  """The teacher's log-probs of two chat texts (the second left-padded), from `params`, at the
+  tokens that follow a real one."""
+  rows = [tok.encode(teacher_lib.PROBE), tok.encode(f"{tokenizers.IM_START}user\nPush Left 2x")]
+  width = max(map(len, rows))
+  tokens_BxT = np.full((2, width), tok.pad_id, np.int32)
+  attn_BxT = np.zeros((2, width), np.int32)
+  for i, row in enumerate(rows):
+    tokens_BxT[i, width - len(row) :], attn_BxT[i, width - len(row) :] = row, 1
+  batch = types.SimpleNamespace(tokens_BxT=jnp.asarray(tokens_BxT), attention_mask_BxT=attn_BxT)
+  scored_BxT = np.pad(attn_BxT[:, :-1] * attn_BxT[:, 1:], ((0, 0), (1, 0))) > 0
+  return full_logp(ModelGraph.of(model).merge(params), batch)[scored_BxT]
+
+
+def test_a_gguf_teacher_scores_as_its_weights_do_from_a_hugging_face_directory(gguf_dir):
+  """The trainer's loader on a .gguf (llama.cpp's names, permuted q/k rows, its tokenizer
+  metadata) against the same weights and tokenizer.json in a Hugging Face directory."""
+  student_tok = tokenizers.load(str(gguf_dir / "hf"))
+  loaded = []
+  for name in ("llama.gguf", "hf"):
+    _, exp = smoke_exp(distill_teacher=str(gguf_dir / name))
+    loaded.append(teacher_lib.load(exp, student_tok))  # (model, params); the check passes
+  (gguf_model, gguf_params), hf_model = loaded[0], loaded[1][0]
+  assert gguf_model.config.model_type == "llama" and gguf_model.config.vocab_size == 600
+  assert_same_params(hf_model, gguf_params)
+  got, want = (teacher_logp(model, params, student_tok) for model, params in loaded)
+  assert np.std(want) > 0.1  # a random model's scores, not a constant
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_a_gguf_teacher_with_another_tokenizer_is_refused_before_training(tmp_path, gguf_dir):
+  # The student is llama.gguf; the teacher's vocabulary has its size and special ids but other
+  # merges, so the same text is other ids.
+  config, _ = smoke_exp(distill_teacher=str(gguf_dir / "digits.gguf"))
+  with config.unlocked():
+    config.model.checkpoint = str(gguf_dir / "llama.gguf")
+  with pytest.raises(trainer.ConfigError, match="teacher's tokenizer is not the student's") as e:
+    trainer.train(config, str(tmp_path / "run"))
+  assert "ids of a probe text" in str(e.value)
+  assert not os.listdir(tmp_path / "run" / "checkpoints")
+  # A teacher of another vocabulary than the tiny student's (the sentencepiece one).
+  _, exp = smoke_exp(distill_teacher=str(gguf_dir / "llama.gguf"))
+  with pytest.raises(teacher_lib.TokenizerMismatch, match="vocabulary size: teacher 600"):
+    teacher_lib.load(exp, policy_lib.load_tokenizer(exp.model))
 
 
 def word_level_tokenizer_dir(path, weights):
