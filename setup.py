@@ -27,6 +27,9 @@ RUNTIME = [
     "gguf==0.19.0",
     # `python -m ragen_jax.plot` (curves of runs from their TensorBoard events).
     "matplotlib==3.11.2",
+    # Resizing images as Qwen2.5-VL's processor does (ragen_jax.vision; PIL's bicubic filter).
+    # matplotlib installs it too; pinned to the version installed beside it.
+    "pillow==13.0.0",
 ]
 
 # Experiment trackers besides TensorBoard (`logging.wandb`, `logging.mlflow_uri`;

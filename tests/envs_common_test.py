@@ -15,7 +15,7 @@ def test_make_errors_name_the_problem():
       ValueError,
       match=(
           r"valid names: \['2048', 'bandit', 'code', 'countdown', 'frozenlake', 'math', "
-          r"'search', 'sokoban', 'sudoku'\]"
+          r"'search', 'sokoban', 'sudoku', 'visual_frozenlake', 'visual_sokoban'\]"
       ),
   ):
     envs.make("sokobann")
@@ -37,18 +37,18 @@ def test_same_key_same_start_and_vmap_matches_unbatched(name):
   jax.tree.map(np.testing.assert_array_equal, batch, again)
   # reset_batch is the same function of the keys (Sokoban's own batched generator included).
   jax.tree.map(np.testing.assert_array_equal, batch, jax.jit(env.reset_batch)(keys))
-  texts = [env.render(jax.tree.map(lambda x: x[i], batch)) for i in range(6)]
+  texts = [env.render(jax.tree.map(lambda x, i=i: x[i], batch)) for i in range(6)]
   assert len(set(texts)) > 1  # Different keys, different starts.
   # A group shares its start state by sharing the reset key (batch of 6: no second compile).
   group = reset(jnp.stack([keys[2]] * 6))
-  assert {env.render(jax.tree.map(lambda x: x[i], group)) for i in range(6)} == {texts[2]}
+  assert {env.render(jax.tree.map(lambda x, i=i: x[i], group)) for i in range(6)} == {texts[2]}
 
   step_keys = jax.random.split(jax.random.PRNGKey(5), 6)
   actions = jnp.array([0, 1, 2, 3, 1, 0]) % env.num_actions
   vs, vr, vd, vi = jax.jit(jax.vmap(env.step))(step_keys, batch, actions)
   for i in range(6):
-    s, r, d, info = env.step(step_keys[i], jax.tree.map(lambda x: x[i], batch), actions[i])
-    assert env.render(s) == env.render(jax.tree.map(lambda x: x[i], vs))
+    s, r, d, info = env.step(step_keys[i], jax.tree.map(lambda x, i=i: x[i], batch), actions[i])
+    assert env.render(s) == env.render(jax.tree.map(lambda x, i=i: x[i], vs))
     assert float(r) == pytest.approx(float(vr[i])) and bool(d) == bool(vd[i])
     for k in ("success", "action_is_effective", "action_is_valid"):
       assert bool(info[k]) == bool(vi[k][i])

@@ -5,6 +5,7 @@ env = envs.make("sokoban", dim_room=(6, 6), num_boxes=1, max_steps=100)
 state = env.reset(key)                                    # pure; vmap over keys
 state, reward, done, info = env.step(key, state, action)  # pure; int32 action index
 text = env.render(state)                                  # host side, RAGEN's grid text
+image = envs.make("visual_sokoban").render_image(state)   # uint8 [84, 84, 3], jnp; vmap it
 state = env.from_text(text)                               # inverse of render (grid format)
 
 Text environments (`envs.TextEnv`: reset(seed) -> str, step(str) -> obs, reward, done, info)
@@ -12,7 +13,8 @@ are stepped on the host, one instance per episode. `envs.register(name, factory)
 `package.module:Name` makes one available (`envs.registry`). The parts:
   device/   the pure-JAX environments that run on the accelerator: the `Env` contract (base),
             Sokoban (and its level generator), FrozenLake, Bandit, 2048 (`envs.game2048`: its
-            move rule `slide` as a pure function)
+            move rule `slide` as a pure function), and Sokoban and FrozenLake drawn as images
+            (visual: sprites painted in jax.numpy)
   text/     the `TextEnv` contract (`envs.text`) and RAGEN's text environments: Countdown,
             Sudoku, math (with its question generator), code (DeepCoder; its problem formats and
             task generator, and the sandbox its tests run in: untrusted Python in namespaces under
@@ -36,6 +38,7 @@ from ragen_jax.envs.device.base import Env
 from ragen_jax.envs.device.frozenlake import FrozenLake, FrozenLakeState
 from ragen_jax.envs.device.game2048 import Game2048, Game2048State
 from ragen_jax.envs.device.sokoban import Sokoban, SokobanState
+from ragen_jax.envs.device.visual import VisualFrozenLake, VisualSokoban
 from ragen_jax.envs.registry import HostEnv
 from ragen_jax.envs.registry import is_jax
 from ragen_jax.envs.registry import make

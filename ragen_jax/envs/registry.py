@@ -6,6 +6,7 @@
     envs.make("", entry="my_pkg.my_env:MyEnv")           # an import path, no registration
     envs.make("", entry="http://127.0.0.1:8000")         # served by `python -m ragen_jax.envs.serve`
     envs.make("sokoban", dim_room=(6, 6))                # -> the pure-JAX Sokoban (jitted, vmapped)
+    envs.make("visual_sokoban").render_image(state)      # -> the same Sokoban, drawn: uint8 84x84x3
 
 A name that is not registered, an import that fails, or options the factory does not take
 raise a ValueError naming what failed, before anything compiles.
@@ -23,6 +24,8 @@ from ragen_jax.envs.device.bandit import Bandit
 from ragen_jax.envs.device.frozenlake import FrozenLake
 from ragen_jax.envs.device.game2048 import Game2048
 from ragen_jax.envs.device.sokoban import Sokoban
+from ragen_jax.envs.device.visual import VisualFrozenLake
+from ragen_jax.envs.device.visual import VisualSokoban
 from ragen_jax.envs.host.records import MODES as POOL_MODES
 from ragen_jax.envs.text.code_env import CodeEnv
 from ragen_jax.envs.text.countdown import Countdown
@@ -36,6 +39,9 @@ REGISTRY: Dict[str, Callable[..., Any]] = {
     "frozenlake": FrozenLake,
     "bandit": Bandit,
     "2048": Game2048,
+    # The grid worlds seen as images too (`render_image`), for vision-language policies.
+    "visual_sokoban": VisualSokoban,
+    "visual_frozenlake": VisualFrozenLake,
     # RAGEN's environments on free text, stepped on the host.
     "countdown": Countdown,
     "math": MathEnv,

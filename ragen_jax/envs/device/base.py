@@ -15,6 +15,9 @@ to a device, and the rollout renders every stepped row of a turn in one `render_
 `info` is a dict of arrays with at least `success`, `action_is_effective` and `action_is_valid`.
 An environment that can demonstrate defines `expert(state) -> (plan as action indices or None,
 short reasoning text)` for one unbatched state: the scripted expert of `ragen_jax.warm_start.demos`.
+A visual environment also draws a state: `render_image(state)` gives uint8 [H, W, 3] in jax.numpy
+for one unbatched state (jit- and vmap-able, rendered on the device beside `step`), and
+`image_shape` is that frame's shape; it is None for an environment seen only as text.
 `episode_metrics(observation)` gives figures of an episode's last observation that training logs
 beside the rollout's own (2048's largest tile); none by default. `memory(history)` gives the
 text that stands in for the turns a context window leaves out; none by default.
@@ -25,7 +28,7 @@ other episodes continue). An out-of-range action is a no-op that costs no step a
 
 import abc
 import dataclasses
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
 from jax import lax
@@ -78,6 +81,15 @@ class Env(abc.ABC):
     """The action names as shown to the agent in `state` (fixed for grid worlds)."""
     del state
     return self.action_names
+
+  @property
+  def image_shape(self) -> Optional[Tuple[int, int, int]]:
+    """[H, W, 3] of `render_image`'s frames, or None for an environment seen only as text."""
+    return None
+
+  def render_image(self, state: Any) -> jax.Array:
+    """The state as an RGB image, uint8 `image_shape`, in jax.numpy (vmap it for a batch)."""
+    raise ValueError(f"environment {self.name!r} has no image observation (image_shape is None)")
 
   @property
   def grid_vocab(self) -> Dict[str, str]:

@@ -26,7 +26,8 @@ from ragen_jax.envs.device import base
 # perpendicular directions of action a are (a - 1) % 4 and (a + 1) % 4).
 _DELTAS = np.array([[0, -1], [1, 0], [0, 1], [-1, 0]], np.int32)
 FROZEN, HOLE, GOAL = 0, 1, 2
-_SYMBOLS = "P_OGX√"
+# The text's symbols; `symbol_codes` gives each cell's index into this string.
+SYMBOLS = "P_OGX√"
 _LEGEND = (
     ("P", "player"),
     ("_", "empty"),
@@ -60,6 +61,21 @@ class FrozenLakeState:
   player_rc: jax.Array  # int32[2]
   num_steps: jax.Array  # int32
   done: jax.Array  # bool
+
+  @property
+  def player_SxS(self) -> jax.Array:
+    return _cell_mask(self.player_rc, self.tiles_SxS.shape[-1])
+
+  @property
+  def start_SxS(self) -> jax.Array:
+    return _cell_mask(self.start_rc, self.tiles_SxS.shape[-1])
+
+
+def _cell_mask(rc_x2: jax.Array, s: int) -> jax.Array:
+  """bool [..., S, S]: the cell (row, col) `rc_x2` [..., 2] marked, for any leading axes."""
+  cells = jnp.arange(s * s).reshape((1,) * (rc_x2.ndim - 1) + (s * s,))
+  grid = (rc_x2[..., 0] * s + rc_x2[..., 1])[..., None] == cells
+  return grid.reshape(grid.shape[:-1] + (s, s))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,8 +204,7 @@ class FrozenLake(base.Env):
     cell = lambda rc_Rx2: rc_Rx2[:, 0] * shape[1] + rc_Rx2[:, 1]
     player_RxSxS = base.cell_masks(cell(host.player_rc), shape)
     hole, goal = tiles_RxSxS == HOLE, tiles_RxSxS == GOAL
-    symbols = np.where(hole, "O", np.where(goal, "G", "_"))
-    symbols = np.where(player_RxSxS, np.where(hole, "X", np.where(goal, "√", "P")), symbols)
+    symbols = np.array(list(SYMBOLS))[symbol_codes(tiles_RxSxS, player_RxSxS, np)]
     entries = [
         ("Start", base.cell_masks(cell(host.start_rc), shape)),
         ("Goal", goal),
@@ -202,7 +217,7 @@ class FrozenLake(base.Env):
 
   def from_text(self, text: str) -> FrozenLakeState:
     """Parses a grid; the start tile is not drawn, so it is taken to be the player's tile."""
-    grid = base.parse_grid(text, _SYMBOLS, self.name)
+    grid = base.parse_grid(text, SYMBOLS, self.name)
     if grid.shape != (self.size, self.size):
       raise ValueError(f"Grid is {grid.shape}, but this env has size={self.size}.")
     players = np.argwhere(np.isin(grid, ["P", "X", "√"]))
@@ -218,3 +233,13 @@ class FrozenLake(base.Env):
     player = jnp.asarray(players[0], jnp.int32)
     done = bool(grid[tuple(players[0])] in ("X", "√"))
     return FrozenLakeState(jnp.asarray(tiles), player, player, jnp.int32(0), jnp.bool_(done))
+
+
+def symbol_codes(tiles_SxS, player_SxS, xp=jnp):
+  """Each cell's symbol as its index into `SYMBOLS`, for any leading axes: the text on the host
+  (`xp=np`) and the image on the device (`envs.device.visual`) read the board through it."""
+  code = SYMBOLS.index
+  hole, goal = tiles_SxS == HOLE, tiles_SxS == GOAL
+  codes = xp.where(hole, code("O"), xp.where(goal, code("G"), code("_")))
+  on_tile = xp.where(hole, code("X"), xp.where(goal, code("√"), code("P")))
+  return xp.where(player_SxS, on_tile, codes)

@@ -45,7 +45,8 @@ _EXPERT_DEPTH = 30  # breadth-first search depth of the expert's plan
 _DELTAS = np.array([[-1, 0], [1, 0], [0, -1], [0, 1]], np.int32)
 # Cell codes of `fixed_HxW`.
 WALL, FLOOR, TARGET = 0, 1, 2
-_SYMBOLS = "#_O√XPS"
+# The text's symbols; `symbol_codes` gives each cell's index into this string.
+SYMBOLS = "#_O√XPS"
 _LEGEND = (
     ("#", "wall"),
     ("_", "empty"),
@@ -72,6 +73,13 @@ class SokobanState:
     h, w = self.fixed_HxW.shape[-2:]
     cells = jnp.arange(h * w).reshape((1,) * self.boxes_K.ndim + (h * w,))
     grid = jnp.any(self.boxes_K[..., :, None] == cells, axis=-2)
+    return grid.reshape(grid.shape[:-1] + (h, w))
+
+  @property
+  def player_HxW(self) -> jax.Array:
+    h, w = self.fixed_HxW.shape[-2:]
+    cells = jnp.arange(h * w).reshape((1,) * self.player.ndim + (h * w,))
+    grid = self.player[..., None] == cells
     return grid.reshape(grid.shape[:-1] + (h, w))
 
   @property
@@ -213,9 +221,7 @@ class Sokoban(base.Env):
     """RAGEN's texts for every row of a batched NumPy state, vectorised over the rows."""
     fixed_RxHxW, boxes_RxHxW, player_RxHxW = _host_masks(host)
     target = fixed_RxHxW == TARGET
-    symbols = np.where(fixed_RxHxW == WALL, "#", np.where(target, "O", "_"))
-    symbols = np.where(boxes_RxHxW, np.where(target, "√", "X"), symbols)
-    symbols = np.where(player_RxHxW, np.where(target, "S", "P"), symbols)
+    symbols = np.array(list(SYMBOLS))[symbol_codes(fixed_RxHxW, boxes_RxHxW, player_RxHxW, np)]
     entries = [
         ("Targets", target),
         ("Boxes", boxes_RxHxW & ~target),
@@ -226,7 +232,7 @@ class Sokoban(base.Env):
     return base.board_texts(fmt, symbols, entries)
 
   def from_text(self, text: str) -> SokobanState:
-    grid = base.parse_grid(text, _SYMBOLS, self.name)
+    grid = base.parse_grid(text, SYMBOLS, self.name)
     if grid.shape != self.dim_room:
       raise ValueError(f"Grid is {grid.shape}, but this env has dim_room={self.dim_room}.")
     players = np.argwhere((grid == "P") | (grid == "S"))
@@ -249,6 +255,16 @@ class Sokoban(base.Env):
         jnp.int32(0),
         jnp.bool_(solved),
     )
+
+
+def symbol_codes(fixed_HxW, boxes_HxW, player_HxW, xp=jnp):
+  """Each cell's symbol as its index into `SYMBOLS`, for any leading axes: the text on the host
+  (`xp=np`) and the image on the device (`envs.device.visual`) read the board through it."""
+  code = SYMBOLS.index
+  target = fixed_HxW == TARGET
+  codes = xp.where(fixed_HxW == WALL, code("#"), xp.where(target, code("O"), code("_")))
+  codes = xp.where(boxes_HxW, xp.where(target, code("√"), code("X")), codes)
+  return xp.where(player_HxW, xp.where(target, code("S"), code("P")), codes)
 
 
 def _host_masks(states: SokobanState) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
