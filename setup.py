@@ -49,8 +49,9 @@ DEV = [
     # A per-test time limit (pytest.ini): a hung test fails instead of stalling the whole run.
     "pytest-timeout==2.4.0",
     "hypothesis==6.170.15",
-    # Parity tests against the reference implementation. torch 2.13.0's CPU build installs
-    # without CUDA packages here; newer versions pull several GB of them.
+    # Parity tests against the reference implementation (on the CPU). PyPI's build brings CUDA's
+    # libraries (about 3.5 GB, unused by the tests); the README's uv install, CUDA's libraries
+    # included, takes 1.5-3 minutes (BENCHMARKS.md, "The test suite").
     "torch==2.13.0",
     "transformers==5.23.0",
     # transformers refuses to load a model from a GGUF file without it (tests/models_gguf_test.py).
