@@ -314,6 +314,52 @@ def test_config_json_layouts():
   assert models.hf_config.from_hf_dict(flat) == config
 
 
+# A Hub config.json of Qwen2.5-VL-3B's shape: the text fields at the top, "mrope" rope_scaling,
+# the early "in_chans" spelling.
+HUB_3B = dict(
+    architectures=["Qwen2_5_VLForConditionalGeneration"],
+    model_type="qwen2_5_vl",
+    hidden_size=2048,
+    intermediate_size=11008,
+    num_hidden_layers=36,
+    num_attention_heads=16,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    rms_norm_eps=1e-6,
+    rope_theta=1e6,
+    rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]},
+    max_position_embeddings=128000,
+    use_sliding_window=False,
+    sliding_window=32768,
+    tie_word_embeddings=True,
+    vision_config=dict(
+        depth=32,
+        hidden_act="silu",
+        hidden_size=1280,
+        intermediate_size=3420,
+        num_heads=16,
+        in_chans=3,
+        out_hidden_size=2048,
+        patch_size=14,
+        spatial_merge_size=2,
+        window_size=112,
+        fullatt_block_indexes=[7, 15, 23, 31],
+        temporal_patch_size=2,
+    ),
+)
+
+
+def test_hub_config_of_the_3b_shape_counts_as_transformers():
+  config = models.hf_config.from_hf_dict(HUB_3B)
+  assert config.head_dim == 128 and config.vision.mrope_section == (16, 24, 24)
+  assert config.tie_word_embeddings and config.rope_theta == 1e6
+  with torch.device("meta"):  # no memory
+    meta = transformers.Qwen2_5_VLForConditionalGeneration(
+        transformers.AutoConfig.for_model(**HUB_3B)
+    )
+  assert sum(p.numel() for p in meta.parameters()) == models.num_params(config)
+
+
 def test_rope_index_rejects_tokens_that_disagree_with_the_grids():
   ids = np.array([[5, START] + [IMAGE] * 6 + [END, 7]])
   positions, delta = mrope.rope_index(

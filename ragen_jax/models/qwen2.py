@@ -361,8 +361,8 @@ class Qwen2(nnx.Module):
       input_ids_BxT: int token ids.
       attention_mask: [B, T], 1 for real tokens, 0 for padding; None = all real.
         Named as in `transformers`, so `model(ids, attention_mask=mask)` works.
-      positions_BxT: RoPE positions; default derived from the mask (and the
-        cache's valid slots).
+      positions_BxT: RoPE positions counted from each row's next position (the cache's
+        real slots, plus its rope delta); default derived from the mask.
       cache: optional KVCache; the T tokens are written at its end_index.
 
     Returns:

@@ -1,12 +1,13 @@
 """Qwen2.5-VL in Flax NNX: the Qwen2 causal LM with a vision tower whose image features take the
 place of the image-pad tokens' embeddings, and 3-axis rotary positions (models/mrope.py).
 
-    model = models.load_hf(path)                           # a qwen2_5_vl checkpoint directory
-    logits_BxTxV = model(ids_BxT, mask_BxT)                # text alone: Qwen2's 1-D positions
-    logits_BxTxV = model(ids_BxT, mask_BxT, pixel_values=pixel_values_PxC,
-                         image_grid_thw=image_grid_thw_Nx3)  # eager, or with ids known to jit
-    images = qwen2_5_vl.prepare_images(model.config, ids, mask, pixel_values, image_grid_thw)
-    logits = jax.jit(lambda s, i, m, images: nnx.merge(graphdef, s)(i, m, images=images))(...)
+    model = models.load_hf(path)  # a qwen2_5_vl checkpoint directory
+    logits_BxTxV = model(ids_BxT, mask_BxT)  # text alone: Qwen2's 1-D positions
+    logits_BxTxV = model(ids_BxT, mask_BxT, pixel_values=pixels_PxC, image_grid_thw=grid_Nx3)
+    images = models.prepare_images(model.config, ids_BxT, mask_BxT, pixels_PxC, grid_Nx3)
+    forward = jax.jit(lambda state, i, m, images: nnx.merge(graphdef, state)(i, m, images=images))
+
+The third line runs eagerly, or under jit with ids known at trace time (constants).
 
 What depends on the token ids (the M-RoPE positions) and on the images' grids (where each patch
 sits) is computed on the host by `prepare_images`, into an `ImageInputs` of arrays that a jitted
@@ -152,6 +153,8 @@ class Qwen2_5_VL(Qwen2):
       float32 logits_BxTxV, or (logits_BxTxV, new_cache) when a cache is given.
     """
     if pixel_values is not None:
+      if images is not None:
+        raise ValueError("pass images or pixel_values and image_grid_thw, not both")
       images = prepare_images(
           self.config, input_ids_BxT, attention_mask, pixel_values, image_grid_thw
       )
