@@ -275,6 +275,7 @@ class Sharder:
         v_LxBxKxSxDh=kv,
         mask_BxS=self.named(("batch", "length")),
         end_index=self.replicated,
+        rope_delta_B=None if cache.rope_delta_B is None else self.named(("batch",)),
     )
 
 

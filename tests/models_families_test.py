@@ -392,7 +392,7 @@ def test_unsupported_types_and_features_are_named(tmp_path):
   cases = [
       (
           {"model_type": "mistral"},
-          r"model_type 'mistral' is not supported \(supported: qwen2, qwen3, llama\)",
+          r"model_type 'mistral' is not supported \(supported: qwen2, qwen3, llama, qwen2_5_vl\)",
       ),
       (
           {"rope_scaling": None, "rope_parameters": {"rope_type": "yarn", "factor": 4.0}},

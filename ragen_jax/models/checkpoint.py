@@ -1,5 +1,6 @@
-"""Reads and writes Hugging Face Qwen2, Qwen3 and Llama checkpoints (config.json + safetensors),
-and reads GGUF files (`load_gguf`; models/gguf_checkpoint.py parses them).
+"""Reads and writes Hugging Face Qwen2, Qwen3, Llama and Qwen2.5-VL checkpoints (config.json +
+safetensors), and reads GGUF files (`load_gguf`; models/gguf_checkpoint.py parses them).
+Qwen2.5-VL's tower and its two key layouts are models/vl_checkpoint.py's.
 
 Loading streams: the model is first built abstractly (`nnx.eval_shape`, no
 memory), then each stacked parameter is filled one Hugging Face tensor at a
@@ -33,6 +34,8 @@ from ragen_jax import atomic_write
 from ragen_jax.models import gguf_checkpoint
 from ragen_jax.models import hf_config
 from ragen_jax.models import lora
+from ragen_jax.models import vl_checkpoint
+from ragen_jax.models.build import model_class
 from ragen_jax.models.config import layer_table
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.qwen2 import Qwen2
@@ -222,7 +225,8 @@ def load_hf(
     sharding=None,
     **overrides,
 ) -> Qwen2 | Qwen2Critic:
-  """Loads a local Hugging Face Qwen2 / Qwen2.5, Qwen3 or Llama 3.x checkpoint directory.
+  """Loads a local Hugging Face Qwen2 / Qwen2.5, Qwen3, Llama 3.x or Qwen2.5-VL checkpoint
+  directory.
 
   Args:
     path: directory with config.json and model.safetensors, or sharded
@@ -237,7 +241,8 @@ def load_hf(
 
   Returns:
     The Qwen2 (or Qwen2Critic) module with the checkpoint's weights (the Qwen2 classes run all
-    three families, `config.model_type` says which).
+    the families, `config.model_type` says which); a Qwen2_5_VL, a Qwen2 with the vision tower,
+    for Qwen2.5-VL (its critic takes the language model alone).
 
   Raises:
     FileNotFoundError: config.json or the weights are missing.
@@ -294,8 +299,10 @@ def load(path: str, dtype=jnp.float32, param_dtype=None, **kwargs) -> Qwen2 | Qw
 def _build(config: ModelConfig, reader, critic: bool, sharding, source: str):
   """The model of `config` with its weights from `reader` (HF name -> array; `_TensorReader` or
   `gguf_checkpoint.GGUFTensors`), one stacked parameter at a time."""
-  cls = Qwen2Critic if critic else Qwen2
+  cls = model_class(config, critic=critic)
   model = nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0)))
+  if config.vision is not None:
+    reader = vl_checkpoint.hub_names(reader)
   np_dtype = np.dtype(config.param_dtype)
   c = config
   dec = model.decoder
@@ -319,6 +326,10 @@ def _build(config: ModelConfig, reader, critic: bool, sharding, source: str):
   else:
     # Some tied checkpoints also store the (identical) head; it is unused.
     reader.unused.discard("lm_head.weight")
+  if config.vision is not None and critic:
+    reader.unused.difference_update([n for n in reader.unused if "visual." in n])
+  elif config.vision is not None:
+    vl_checkpoint.fill_tower(model.visual, reader, fill)
   unexpected = sorted(n for n in reader.unused if not n.endswith(_IGNORED_SUFFIXES))
   if unexpected:
     raise ValueError(
@@ -340,6 +351,8 @@ def _hf_tensors(model: Qwen2) -> Iterator[tuple[str, np.ndarray]]:
   yield "model.norm.weight", np.asarray(dec.final_norm[...])
   if not c.tie_word_embeddings:
     yield "lm_head.weight", np.ascontiguousarray(np.asarray(model.lm_head[...]).T)
+  if c.vision is not None:
+    yield from vl_checkpoint.tower_tensors(model.visual)
 
 
 def _place_shards(out_dir: str, shards: list[tuple[str, list[str]]]) -> set[str]:
@@ -361,7 +374,8 @@ def _place_shards(out_dir: str, shards: list[tuple[str, list[str]]]) -> set[str]
 
 def save_hf(model: Qwen2, out_dir: str, *, max_shard_bytes: int = 4 * 2**30) -> None:
   """Writes config.json and safetensors that `transformers` loads as the model's family
-  (Qwen2ForCausalLM, Qwen3ForCausalLM or LlamaForCausalLM).
+  (Qwen2ForCausalLM, Qwen3ForCausalLM, LlamaForCausalLM or, with the tower in the Hub's key
+  layout, Qwen2_5_VLForConditionalGeneration).
 
   Tensors keep the model's param_dtype. A model with LoRA adapters is written merged
   (`lora.merge`: W + scale * A @ B), as the plain checkpoint of its function. Checkpoints larger than

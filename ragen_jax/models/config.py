@@ -1,10 +1,11 @@
-"""Decoder configuration (Qwen2, Qwen3, Llama 3.x), presets and the parameter shapes it implies
-(`param_table`); the Hugging Face config.json is models/hf_config.py's.
+"""Decoder configuration (Qwen2, Qwen3, Llama 3.x, Qwen2.5-VL), presets and the parameter shapes
+it implies (`param_table`); the Hugging Face config.json is models/hf_config.py's.
 
-The three families share one decoder (pre-norm, grouped-query attention, RoPE, SwiGLU); they
-differ in q/k/v biases (Qwen2), per-head RMSNorm of q and k (Qwen3) and RoPE frequency scaling
-(Llama 3.1+). ModelConfig names each difference (`attention_bias`, `qk_norm`, `rope_scaling`),
-so the model code reads features, never family names.
+The families share one decoder (pre-norm, grouped-query attention, RoPE, SwiGLU); they differ in
+q/k/v biases (Qwen2), per-head RMSNorm of q and k (Qwen3), RoPE frequency scaling (Llama 3.1+)
+and a vision tower with 3-axis rotary positions (Qwen2.5-VL, `vision`). ModelConfig names each
+difference (`attention_bias`, `qk_norm`, `rope_scaling`, `vision`), so the model code reads
+features, never family names.
 
 Dimension legend used across `ragen_jax.models`:
   B batch, T new tokens, S keys (cache capacity, or T without a cache),
@@ -24,6 +25,9 @@ from ragen_jax.config_checks import OneOf
 from ragen_jax.config_checks import PositiveFloat
 from ragen_jax.config_checks import PositiveInt
 from ragen_jax.models.attention import IMPLEMENTATIONS
+from ragen_jax.models.vision_config import tiny_vision
+from ragen_jax.models.vision_config import vision_table
+from ragen_jax.models.vision_config import VisionConfig
 
 # Vocabulary of the SentencePiece model shipped in ragen_jax/assets (the tiny
 # presets use it so that CPU training does not pay for a 151936-row softmax).
@@ -45,7 +49,10 @@ FAMILIES = {
     "qwen2": _Family("Qwen2ForCausalLM", True, False, None, 32768),
     "qwen3": _Family("Qwen3ForCausalLM", False, True, 128, 32768),
     "llama": _Family("LlamaForCausalLM", False, False, None, 2048),
+    # Qwen2.5-VL: the Qwen2 decoder (head_dim = D / H) behind a vision tower (`vision`).
+    "qwen2_5_vl": _Family("Qwen2_5_VLForConditionalGeneration", True, False, None, 32768),
 }
+VISION_FAMILY = "qwen2_5_vl"  # the model_type that has (and needs) `vision`
 ROPE_TYPES = ("default", "llama3")
 
 
@@ -166,12 +173,14 @@ class ModelConfig:
     remat: rematerialise each layer in the backward pass (saves memory).
     attention: the self-attention kernel, one of `attention.IMPLEMENTATIONS` (auto picks by
       device and dtype; see ragen_jax/models/attention.py).
-    model_type: the Hugging Face family, one of `FAMILIES` ("qwen2", "qwen3", "llama"): the
-      class config.json names, and with it `attention_bias` and `qk_norm`.
+    model_type: the Hugging Face family, one of `FAMILIES` ("qwen2", "qwen3", "llama",
+      "qwen2_5_vl"): the class config.json names, and with it `attention_bias` and `qk_norm`.
     rope_scaling: RoPE frequency remapping (Llama 3.1+), a RopeScaling or its dict; None for
       plain RoPE.
     lora: low-rank adapters on the layers' kernels, a LoraConfig or its dict; None for none.
       Not part of the Hugging Face config (export merges them, `lora.merge`).
+    vision: Qwen2.5-VL's vision tower and image tokens, a VisionConfig or its dict (model_type
+      "qwen2_5_vl" has one, the others none); its parameters are part of `param_table`.
   """
 
   vocab_size: PositiveInt
@@ -192,6 +201,7 @@ class ModelConfig:
   model_type: str = "qwen2"
   rope_scaling: RopeScaling | None = None
   lora: LoraConfig | None = None
+  vision: VisionConfig | None = None
 
   def __post_init__(self):
     # Frozen dataclass: normalise through object.__setattr__.
@@ -209,6 +219,12 @@ class ModelConfig:
       object.__setattr__(self, "lora", LoraConfig(**self.lora))
     if self.lora is not None and not isinstance(self.lora, LoraConfig):
       raise ValueError(f"lora must be a LoraConfig, its dict or None, got {self.lora!r}")
+    if isinstance(self.vision, dict):
+      object.__setattr__(self, "vision", VisionConfig(**self.vision))
+    if self.vision is not None and not isinstance(self.vision, VisionConfig):
+      raise ValueError(f"vision must be a VisionConfig, its dict or None, got {self.vision!r}")
+    if (self.vision is not None) != (self.model_type == VISION_FAMILY):
+      raise ValueError(f"a vision config goes with model_type {VISION_FAMILY!r} and only with it")
     check_fields(self, "")
     if self.head_dim is None:
       if self.hidden_size % self.num_heads:
@@ -229,6 +245,18 @@ class ModelConfig:
     for name in ("dtype", "param_dtype"):
       if not jnp.issubdtype(getattr(self, name), jnp.floating):
         raise ValueError(f"{name} must be a floating dtype, got {getattr(self, name)}")
+    if self.vision is not None:
+      self._check_vision()
+
+  def _check_vision(self):
+    # transformers' Qwen2.5-VL text attention derives Dh = D / H, without scaling.
+    if self.head_dim * self.num_heads != self.hidden_size or self.rope_scaling is not None:
+      raise ValueError("Qwen2.5-VL needs head_dim = hidden_size / num_heads and no rope_scaling")
+    if sum(self.vision.mrope_section) != self.head_dim // 2:
+      raise ValueError(
+          f"mrope_section {self.vision.mrope_section} must sum to head_dim / 2 = "
+          f"{self.head_dim // 2}"
+      )
 
   # Derived, not fields: transformers fixes both per class (an attention_bias in Llama's or
   # Qwen3's config.json also adds an o_proj bias, which this decoder lacks), so no other
@@ -353,6 +381,21 @@ PRESETS: dict[str, ModelConfig] = {
         tie_word_embeddings=True,
         max_position_embeddings=4096,
     ),
+    # Qwen2.5-VL for CPU tests and runs (`vision_config.tiny_vision`'s tower); the vision token ids
+    # sit just past the SentencePiece vocabulary, so they never collide with its pieces.
+    "tiny-vl": ModelConfig(
+        vocab_size=SENTENCEPIECE_VOCAB_SIZE + 4,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        rope_theta=1e4,
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
+        model_type=VISION_FAMILY,
+        vision=tiny_vision(first_token_id=SENTENCEPIECE_VOCAB_SIZE),
+    ),
     # ~7M parameters: still CPU-friendly, deep enough to learn the env tasks.
     "small": ModelConfig(
         vocab_size=SENTENCEPIECE_VOCAB_SIZE,
@@ -431,13 +474,16 @@ def layer_table(c: ModelConfig) -> ParamTable:
 
 def param_table(c: ModelConfig) -> ParamTable:
   """Every parameter of the causal LM, the one table that the model's modules, the checkpoint
-  I/O, `num_params` and the memory estimate read: the embedding, `layer_table`, the final norm
-  and, when not tied to the embedding, the LM head."""
+  I/O, `num_params` and the memory estimate read: the embedding, `layer_table`, the final norm,
+  the LM head when not tied to the embedding, and Qwen2.5-VL's vision tower
+  (`vision_config.vision_table`)."""
   d, v = c.hidden_size, c.vocab_size
   table = {"embedding": ((v, d), ("vocab", "embed")), **layer_table(c)}
   table["final_norm"] = ((d,), ("embed",))
   if not c.tie_word_embeddings:
     table["lm_head"] = ((d, v), ("embed", "vocab"))
+  if c.vision is not None:
+    table.update(vision_table(c.vision, d))
   return table
 
 

@@ -3,17 +3,21 @@
     config = hf_config.from_hf_dict(json.load(fp), dtype=jnp.bfloat16)
     json.dump(hf_config.to_hf_dict(config), fp)
 
-The JSON is that of transformers' Qwen2, Qwen3 and Llama config classes (v4 and v5 layouts);
+The JSON is that of transformers' Qwen2, Qwen3 and Llama config classes (v4 and v5 layouts) and
+of Qwen2.5-VL (the text fields in `text_config` as transformers 5 writes them, or at the top
+level as the Hub's checkpoints have them; `vision_config`; "mrope" rope parameters);
 what this decoder lacks (sliding windows, other activations or RoPE types, o_proj or MLP biases)
 is an error naming it. `ModelConfig.from_hf_dict` / `.to_hf_dict` call these.
 """
 
 from typing import Any
 
+from ragen_jax.models import vision_config
 from ragen_jax.models.config import FAMILIES
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.config import ROPE_TYPES
 from ragen_jax.models.config import RopeScaling
+from ragen_jax.models.config import VISION_FAMILY
 
 # config.json keys without which a decoder has no shape (the others have defaults).
 REQUIRED_KEYS = (
@@ -43,6 +47,9 @@ def from_hf_dict(d: dict[str, Any], **overrides) -> ModelConfig:
     ValueError: a required key is missing, or a model type or feature this implementation
       lacks (the message names it and what is supported).
   """
+  if d.get("model_type") == VISION_FAMILY:
+    d, vision = _split_vision(d)
+    overrides = {"vision": vision, **overrides}
   missing = [k for k in REQUIRED_KEYS if k not in d]
   if missing:
     raise ValueError(f"missing required key(s) {', '.join(map(repr, missing))}")
@@ -108,9 +115,34 @@ def from_hf_dict(d: dict[str, Any], **overrides) -> ModelConfig:
   return ModelConfig(**fields)
 
 
+def _split_vision(d: dict[str, Any]) -> tuple[dict[str, Any], vision_config.VisionConfig]:
+  """A Qwen2.5-VL config.json as (the text model's dict in the decoder's layout, the tower's
+  VisionConfig)."""
+  text = {k: v for k, v in d.items() if k not in ("text_config", "vision_config")}
+  text.update(d.get("text_config") or {})
+  text["model_type"] = VISION_FAMILY
+  # Before transformers 5 the flag could sit in text_config; either place ties.
+  tied = d.get("tie_word_embeddings") or text.get("tie_word_embeddings")
+  text["tie_word_embeddings"] = bool(tied)
+  rope = dict(text.pop("rope_scaling", None) or text.get("rope_parameters") or {})
+  if rope.get("rope_type", rope.get("type", "mrope")) not in ("mrope", "default"):
+    raise ValueError(f"rope_type {rope.get('rope_type')!r} is not supported for Qwen2.5-VL")
+  mrope_section = rope.get("mrope_section", [16, 24, 24])  # transformers' default
+  theta = rope.get("rope_theta", text.get("rope_theta", 1e6))
+  text["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
+  vision_dict = d.get("vision_config") or {}
+  out = vision_dict.get("out_hidden_size", text.get("hidden_size"))
+  if out != text.get("hidden_size"):
+    raise ValueError(
+        f"vision out_hidden_size {out} differs from hidden_size {text.get('hidden_size')}"
+    )
+  return text, vision_config.from_hf_dict(vision_dict, d, mrope_section)
+
+
 def to_hf_dict(config: ModelConfig) -> dict[str, Any]:
   """Returns a config.json dict that transformers (v4 and v5) loads as `config`'s model_type's
-  causal LM class (Qwen2ForCausalLM, Qwen3ForCausalLM or LlamaForCausalLM)."""
+  causal LM class (Qwen2ForCausalLM, Qwen3ForCausalLM or LlamaForCausalLM; transformers 5's
+  Qwen2_5_VLForConditionalGeneration for Qwen2.5-VL)."""
   scaling = None if config.rope_scaling is None else config.rope_scaling.to_hf_dict()
   d = {
       "architectures": [FAMILIES[config.model_type].architecture],
@@ -143,4 +175,28 @@ def to_hf_dict(config: ModelConfig) -> dict[str, Any]:
     d["attention_bias"] = False
   if config.model_type == "llama":
     d["mlp_bias"] = False
+  if config.vision is not None:
+    return _vision_hf_dict(config, d)
   return d
+
+
+def _vision_hf_dict(config: ModelConfig, text: dict[str, Any]) -> dict[str, Any]:
+  """Qwen2.5-VL's config.json: `text` (the decoder's dict) as text_config, the tower's
+  vision_config and the token ids at the top."""
+  v = config.vision
+  for key in ("architectures", "rope_scaling", "rope_theta", "head_dim", "torch_dtype"):
+    text.pop(key)
+  text["model_type"] = "qwen2_5_vl_text"
+  text["rope_parameters"]["mrope_section"] = list(v.mrope_section)
+  return {
+      "architectures": [FAMILIES[VISION_FAMILY].architecture],
+      "model_type": VISION_FAMILY,
+      "text_config": text,
+      "vision_config": vision_config.to_hf_dict(v, config.hidden_size),
+      "image_token_id": v.image_token_id,
+      "video_token_id": v.video_token_id,
+      "vision_start_token_id": v.vision_start_token_id,
+      "vision_end_token_id": v.vision_end_token_id,
+      "tie_word_embeddings": config.tie_word_embeddings,
+      "dtype": config.param_dtype.name,
+  }

@@ -25,12 +25,17 @@ class KVCache:
     v_LxBxKxSxDh: values.
     mask_BxS: True for slots that hold a real (non-padding) token.
     end_index: int32 scalar, the slot the next token is written to.
+    rope_delta_B: int32, how far each row's next rotary position lies beyond its real slots
+      (Qwen2.5-VL: an image's tokens advance the position by the larger side of its token grid,
+      not by their number; transformers' rope_deltas). None: 0, every position counts the real
+      slots before it (text-only models). A chunk with images sets it (`Decoder`).
   """
 
   k_LxBxKxSxDh: jax.Array
   v_LxBxKxSxDh: jax.Array
   mask_BxS: jax.Array
   end_index: jax.Array
+  rope_delta_B: jax.Array | None = None
 
   @property
   def capacity(self) -> int:
@@ -44,6 +49,7 @@ class KVCache:
         split(self.v_LxBxKxSxDh),
         self.mask_BxS[:, :window],
         self.end_index,
+        self.rope_delta_B,
     )
 
 
@@ -60,6 +66,7 @@ class LayerCache:
   v_layers: Tuple[jax.Array, ...]
   mask_BxS: jax.Array
   end_index: jax.Array
+  rope_delta_B: jax.Array | None = None  # as KVCache's
 
   @property
   def capacity(self) -> int:
@@ -73,6 +80,7 @@ class LayerCache:
         put(cache.v_LxBxKxSxDh, jnp.stack(self.v_layers)),
         put(cache.mask_BxS, self.mask_BxS),
         self.end_index,
+        self.rope_delta_B,
     )
 
 
@@ -85,6 +93,9 @@ def init_cache(config: ModelConfig, batch: int, capacity: int, dtype=None) -> KV
     capacity: S, total prompt plus generated tokens. Writing past it is not
       checked under jit (dynamic_update_slice clamps), so size it generously.
     dtype: storage dtype of k and v; defaults to config.dtype.
+
+  A Qwen2.5-VL config's cache starts with rope deltas of 0 (text-only models have none), so its
+  structure stays the same through prefills with and without images and decoding.
   """
   shape = (config.num_layers, batch, config.num_kv_heads, capacity, config.head_dim)
   dtype = config.dtype if dtype is None else dtype
@@ -93,4 +104,5 @@ def init_cache(config: ModelConfig, batch: int, capacity: int, dtype=None) -> KV
       v_LxBxKxSxDh=jnp.zeros(shape, dtype),
       mask_BxS=jnp.zeros((batch, capacity), bool),
       end_index=jnp.zeros((), jnp.int32),
+      rope_delta_B=None if config.vision is None else jnp.zeros((batch,), jnp.int32),
   )

@@ -1,8 +1,10 @@
 """Qwen2 decoder in Flax NNX: causal LM and critic, over the KV caches of models/kv_cache.py.
 
-One implementation serves the Qwen2, Qwen3 and Llama 3.x families: the config's
-`attention_bias` (Qwen2's q/k/v biases), `qk_norm` (Qwen3) and `rope_scaling` (Llama 3.1+)
-say which parameters exist and how q and k are computed; the class names stay Qwen2.
+One implementation serves the Qwen2, Qwen3 and Llama 3.x families and Qwen2.5-VL's language
+model: the config's `attention_bias` (Qwen2's q/k/v biases), `qk_norm` (Qwen3), `rope_scaling`
+(Llama 3.1+) and `vision` (M-RoPE sections, the image token) say which parameters exist and how
+q and k are computed; the class names stay Qwen2. Qwen2.5-VL's tower and its inputs are
+models/qwen2_5_vl.py's; the decoder takes the image features it splices in and 3-axis positions.
 
 Layers are stacked: every per-layer parameter carries a leading L axis and the
 forward pass is one `lax.scan` (up to UNROLLED_LAYERS layers, the cache-free pass
@@ -12,15 +14,12 @@ functionally (`nnx.split` -> pure function under `jax.jit` -> `nnx.merge`).
 
 Dimension legend: B batch, T new tokens, S cache capacity (keys), L layers,
 D model dim, H query heads, K kv heads, Dh head dim, V vocab, F mlp dim,
-N = B * T flattened tokens.
+N = B * T flattened tokens, I image tokens.
 
 Parameters carry logical axis names (`out_sharding` metadata, read them with
 `nnx.get_partition_spec`): layers, embed, vocab, heads, kv_heads, head_dim, mlp.
 """
 
-import functools
-import itertools
-import math
 from typing import Dict, Tuple
 
 from flax import nnx
@@ -30,7 +29,6 @@ import jax.numpy as jnp
 from ragen_jax.models import attention
 from ragen_jax.models import layers as ops
 from ragen_jax.models import lora
-from ragen_jax.models.config import get_config
 from ragen_jax.models.config import kernel_table
 from ragen_jax.models.config import layer_table
 from ragen_jax.models.config import ModelConfig
@@ -41,7 +39,6 @@ from ragen_jax.models.kv_cache import LayerCache
 # Each layer's parameters as arrays of their own, in the compute dtype (`Decoder.layer_weights`).
 LayerWeights = Tuple[Dict[str, jax.Array], ...]
 
-_INIT_STD = 0.02  # transformers' initializer_range for Qwen2.
 # The cache-free pass (training) of a model this shallow runs its layers as straight-line code:
 # under `lax.scan` every layer's saved activations (attention probabilities included) were
 # copied into and out of stacked buffers for the backward, 15% of the tiny model's update on
@@ -56,32 +53,15 @@ def scans_layers(c) -> bool:
   return c.num_layers > UNROLLED_LAYERS
 
 
-def _param(value, axes, dtype):
-  # eager_sharding=False: names are metadata only; no mesh is needed here.
-  return nnx.Param(jnp.asarray(value).astype(dtype), out_sharding=axes, eager_sharding=False)
-
-
-def _normal(rngs: nnx.Rngs, shapes: list[tuple[int, ...]]) -> list[jax.Array]:
-  """N(0, 0.02^2) arrays for all `shapes` from one flat draw.
-
-  One threefry kernel instead of one per tensor: on CPU this cuts the compile
-  time of model initialisation about tenfold.
-  """
-  sizes = [math.prod(shape) for shape in shapes]
-  flat = _INIT_STD * jax.random.normal(rngs.params(), (sum(sizes),), jnp.float32)
-  offsets = [0] + list(itertools.accumulate(sizes))
-  return [flat[o : o + n].reshape(shape) for o, n, shape in zip(offsets, sizes, shapes)]
-
-
 class DecoderLayers(nnx.Module):
   """All L decoder layers, parameters stacked on a leading layer axis."""
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     c, pd = config, config.param_dtype
     kernels = kernel_table(c)
-    values = _normal(rngs, [shape for shape, _ in kernels.values()])
+    values = ops.normal_arrays(rngs, [shape for shape, _ in kernels.values()])
     for (name, (_, axes)), value in zip(kernels.items(), values):
-      setattr(self, name, _param(value, axes, pd))
+      setattr(self, name, ops.param(value, axes, pd))
     if c.lora is not None:  # LoRA adapters (lora.LoraParam), B at zero
       kernel_vars = {name: getattr(self, name) for name in kernels}
       for name, adapter in lora.init_adapters(kernel_vars, c.lora, rngs.params()).items():
@@ -91,15 +71,16 @@ class DecoderLayers(nnx.Module):
     for name, (shape, axes) in layer_table(c).items():
       if name not in kernels:
         fill = jnp.zeros if name.endswith("_bias") else jnp.ones
-        setattr(self, name, _param(fill(shape), axes, pd))
+        setattr(self, name, ops.param(fill(shape), axes, pd))
 
   def stacked(self) -> dict[str, jax.Array]:
     """The raw stacked arrays, keyed by parameter name."""
     return {name: var[...] for name, var in vars(self).items() if isinstance(var, nnx.Param)}
 
 
-def _decoder_layer(c: ModelConfig, p: dict[str, jax.Array], x_BxTxD, positions_BxT, attend):
-  """One pre-norm decoder layer; `p` holds that layer's slice of the stack.
+def _decoder_layer(c: ModelConfig, p: dict[str, jax.Array], x_BxTxD, positions, attend):
+  """One pre-norm decoder layer; `p` holds that layer's slice of the stack; `positions` [B, T]
+  or M-RoPE's [3, B, T] (`_positions`).
 
   The one layer of every pass: training (unrolled up to UNROLLED_LAYERS) and a KVCache's prefill
   run it under the layer scan, a sampler's prefill and decoding in an unrolled loop.
@@ -138,8 +119,9 @@ def _decoder_layer(c: ModelConfig, p: dict[str, jax.Array], x_BxTxD, positions_B
   if c.qk_norm:  # Qwen3: RMSNorm of each head's q and k, before RoPE
     q_BxTxHxDh = ops.rms_norm(q_BxTxHxDh, p["q_norm"], c.rms_norm_eps)
     k_BxTxKxDh = ops.rms_norm(k_BxTxKxDh, p["k_norm"], c.rms_norm_eps)
-  q_BxTxHxDh = ops.rope(q_BxTxHxDh, positions_BxT, c.rope_theta, c.rope_scaling)
-  k_BxTxKxDh = ops.rope(k_BxTxKxDh, positions_BxT, c.rope_theta, c.rope_scaling)
+  sections = None if c.vision is None else c.vision.mrope_section
+  q_BxTxHxDh = ops.rope(q_BxTxHxDh, positions, c.rope_theta, c.rope_scaling, sections)
+  k_BxTxKxDh = ops.rope(k_BxTxKxDh, positions, c.rope_theta, c.rope_scaling, sections)
   attn_BxTxHxDh, aux = attend(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh)
   x_BxTxD = x_BxTxD + linear(attn_BxTxHxDh.reshape(b * t, -1), "o").reshape(b, t, d)
   h_NxD = ops.rms_norm(x_BxTxD, p["mlp_norm"], c.rms_norm_eps).reshape(b * t, d)
@@ -176,13 +158,25 @@ def _real(input_ids_BxT, attention_mask_BxT):
   return attention_mask_BxT.astype(bool)
 
 
-def _positions(mask_BxT, seen_Bx1):
-  """RoPE positions of left-padded tokens after `seen_Bx1` real cache slots.
+def _positions(mask_BxT, start_Bx1, given=None):
+  """RoPE positions of left-padded tokens whose row's next position is `start_Bx1`.
 
-  A real token's position counts only the real tokens before it, so padded and unpadded
-  sequences get identical logits.
+  By default a real token's position counts only the real tokens before it, so padded and
+  unpadded sequences get identical logits. `given` ([B, T], or M-RoPE's [3, B, T] for a chunk
+  with images, `mrope.rope_index`) counts from the row's start instead.
   """
-  return jnp.maximum(jnp.cumsum(mask_BxT, axis=1, dtype=jnp.int32) - 1 + seen_Bx1, 0)
+  if given is not None:
+    start = jnp.asarray(start_Bx1)
+    return given + start.reshape((1,) * (given.ndim - start.ndim) + start.shape)
+  return jnp.maximum(jnp.cumsum(mask_BxT, axis=1, dtype=jnp.int32) - 1 + start_Bx1, 0)
+
+
+def _next_delta(cache, rope_delta_B):
+  """The cache's rope delta after a chunk that moves it by `rope_delta_B` (None: by 0)."""
+  old_B = None if cache is None else cache.rope_delta_B
+  if rope_delta_B is None or old_B is None:
+    return old_B if rope_delta_B is None else jnp.asarray(rope_delta_B, jnp.int32)
+  return old_B + rope_delta_B
 
 
 def _cache_write(cache: KVCache | LayerCache, mask_BxT):
@@ -190,16 +184,19 @@ def _cache_write(cache: KVCache | LayerCache, mask_BxT):
 
   Returns:
     (end: the slot of the first, key_mask_BxS: the cache's real slots with them,
-    mask_BxTxS: what each attends to, seen_Bx1: each row's real slots before them).
+    mask_BxTxS: what each attends to, start_Bx1: each row's next rotary position, its real
+    slots before them plus its rope delta).
   """
   b, t = mask_BxT.shape
   if t > cache.capacity:
     raise ValueError(f"{t} new tokens exceed the cache capacity {cache.capacity}")
   end = cache.end_index
-  seen_Bx1 = jnp.sum(cache.mask_BxS, axis=1, dtype=jnp.int32, keepdims=True)
+  start_Bx1 = jnp.sum(cache.mask_BxS, axis=1, dtype=jnp.int32, keepdims=True)
+  if cache.rope_delta_B is not None:
+    start_Bx1 = start_Bx1 + cache.rope_delta_B[:, None]
   key_mask_BxS = jax.lax.dynamic_update_slice(cache.mask_BxS, mask_BxT, (0, end))
   query_slot_BxT = jnp.broadcast_to(end + jnp.arange(t, dtype=jnp.int32), (b, t))
-  return end, key_mask_BxS, attention.cache_mask(key_mask_BxS, query_slot_BxT), seen_Bx1
+  return end, key_mask_BxS, attention.cache_mask(key_mask_BxS, query_slot_BxT), start_Bx1
 
 
 class Decoder(nnx.Module):
@@ -211,10 +208,10 @@ class Decoder(nnx.Module):
     self.config = config
     table = param_table(config)
     shape, axes = table["embedding"]
-    self.embedding = _param(_normal(rngs, [shape])[0], axes, config.param_dtype)
+    self.embedding = ops.param(ops.normal_arrays(rngs, [shape])[0], axes, config.param_dtype)
     self.layers = DecoderLayers(config, rngs=rngs)
     shape, axes = table["final_norm"]
-    self.final_norm = _param(jnp.ones(shape), axes, config.param_dtype)
+    self.final_norm = ops.param(jnp.ones(shape), axes, config.param_dtype)
 
   def __call__(
       self,
@@ -223,6 +220,8 @@ class Decoder(nnx.Module):
       *,
       positions_BxT=None,
       cache: KVCache | None = None,
+      image_features_IxD=None,
+      rope_delta_B=None,
   ):
     """(hidden_BxTxD, the updated cache or None).
 
@@ -230,16 +229,26 @@ class Decoder(nnx.Module):
     kernel; with one they are written at its end_index and attend over its slots. The layers
     run under `lax.scan` (unrolled for a cache-free pass of up to UNROLLED_LAYERS layers). A
     sampler's prefill and decode steps use `decode` instead.
+
+    Args:
+      input_ids_BxT: int token ids.
+      attention_mask_BxT: 1 for real tokens; None = all real.
+      positions_BxT: rotary positions counted from each row's next position (0 without a
+        cache), [B, T] or M-RoPE's [3, B, T]; default: the real tokens counted.
+      cache: optional KVCache.
+      image_features_IxD: Qwen2.5-VL: the features that replace the embeddings of the I image
+        tokens (`config.vision.image_token_id`), in row-major order.
+      rope_delta_B: Qwen2.5-VL: how far these tokens move each row's next position beyond
+        their count (`mrope.rope_index`); added to the cache's rope delta.
     """
     c = self.config
     mask_BxT = _real(input_ids_BxT, attention_mask_BxT)
     end = key_mask_BxS = mask_BxTxS = None  # set when there is a cache
-    seen_Bx1 = 0
+    start_Bx1 = 0
     if cache is not None:
-      end, key_mask_BxS, mask_BxTxS, seen_Bx1 = _cache_write(cache, mask_BxT)
-    if positions_BxT is None:
-      positions_BxT = _positions(mask_BxT, seen_Bx1)
-    x_BxTxD = self._embed(input_ids_BxT)
+      end, key_mask_BxS, mask_BxTxS, start_Bx1 = _cache_write(cache, mask_BxT)
+    positions = _positions(mask_BxT, start_Bx1, positions_BxT)
+    x_BxTxD = self._embed(input_ids_BxT, image_features_IxD)
     implementation = attention.resolve(c.attention, c.dtype, c.head_dim)
 
     def layer(x_BxTxD, xs):
@@ -251,7 +260,7 @@ class Decoder(nnx.Module):
         )
       else:
         attend = _cached_attend(c, k_cache_BxKxSxDh, v_cache_BxKxSxDh, end, mask_BxTxS)
-      return _decoder_layer(c, params, x_BxTxD, positions_BxT, attend)
+      return _decoder_layer(c, params, x_BxTxD, positions, attend)
 
     if c.remat:
       layer = jax.checkpoint(layer, prevent_cse=False)
@@ -263,38 +272,54 @@ class Decoder(nnx.Module):
     else:
       caches = (None, None) if cache is None else (cache.k_LxBxKxSxDh, cache.v_LxBxKxSxDh)
       x_BxTxD, new_kv = jax.lax.scan(layer, x_BxTxD, (stacked, *caches))
-      new_cache = None if cache is None else KVCache(*new_kv, key_mask_BxS, end + mask_BxT.shape[1])
+      new_cache = None
+      if cache is not None:
+        t, delta_B = mask_BxT.shape[1], _next_delta(cache, rope_delta_B)
+        new_cache = KVCache(*new_kv, key_mask_BxS, end + t, delta_B)
     return ops.rms_norm(x_BxTxD, self.final_norm[...], c.rms_norm_eps), new_cache
 
   def decode(
-      self, input_ids_BxT, attention_mask_BxT, *, cache: LayerCache, weights: LayerWeights
+      self,
+      input_ids_BxT,
+      attention_mask_BxT,
+      *,
+      cache: LayerCache,
+      weights: LayerWeights,
+      positions_BxT=None,
+      image_features_IxD=None,
+      rope_delta_B=None,
   ) -> Tuple[jax.Array, LayerCache]:
     """(hidden_BxTxD, the updated cache): a sampler's prefill or decode step.
 
     The T tokens are written at the cache's end_index and attend over its slots, as with a
-    KVCache in `__call__`, but the layers run unrolled over `weights` (`layer_weights()`, taken
-    once per sampler call) and the cache's one buffer per layer, so each layer updates its own
-    buffer in place.
+    KVCache in `__call__` (the other arguments too), but the layers run unrolled over `weights`
+    (`layer_weights()`, taken once per sampler call) and the cache's one buffer per layer, so
+    each layer updates its own buffer in place.
     """
     c = self.config
     mask_BxT = _real(input_ids_BxT, attention_mask_BxT)
-    end, key_mask_BxS, mask_BxTxS, seen_Bx1 = _cache_write(cache, mask_BxT)
-    positions_BxT = _positions(mask_BxT, seen_Bx1)
-    x_BxTxD = self._embed(input_ids_BxT)
+    end, key_mask_BxS, mask_BxTxS, start_Bx1 = _cache_write(cache, mask_BxT)
+    positions = _positions(mask_BxT, start_Bx1, positions_BxT)
+    x_BxTxD = self._embed(input_ids_BxT, image_features_IxD)
     k_layers, v_layers = list(cache.k_layers), list(cache.v_layers)
     for layer in range(c.num_layers):
       attend = _cached_attend(c, k_layers[layer], v_layers[layer], end, mask_BxTxS)
       x_BxTxD, (k_layers[layer], v_layers[layer]) = _decoder_layer(
-          c, weights[layer], x_BxTxD, positions_BxT, attend
+          c, weights[layer], x_BxTxD, positions, attend
       )
-    new_cache = LayerCache(tuple(k_layers), tuple(v_layers), key_mask_BxS, end + mask_BxT.shape[1])
+    t, delta_B = mask_BxT.shape[1], _next_delta(cache, rope_delta_B)
+    new_cache = LayerCache(tuple(k_layers), tuple(v_layers), key_mask_BxS, end + t, delta_B)
     return ops.rms_norm(x_BxTxD, self.final_norm[...], c.rms_norm_eps), new_cache
 
-  def _embed(self, input_ids_BxT):
+  def _embed(self, input_ids_BxT, image_features_IxD=None):
     # mode="clip": the default "fill" would turn an out-of-range id (e.g. a -1
     # pad) into a NaN row, which masked attention still multiplies by zero.
     embedding = self.embedding[...]
-    return jnp.take(embedding, input_ids_BxT, axis=0, mode="clip").astype(self.config.dtype)
+    x_BxTxD = jnp.take(embedding, input_ids_BxT, axis=0, mode="clip").astype(self.config.dtype)
+    if image_features_IxD is None:
+      return x_BxTxD
+    is_image_BxT = input_ids_BxT == self.config.vision.image_token_id
+    return ops.splice(x_BxTxD, is_image_BxT, image_features_IxD)
 
   def layer_weights(self) -> LayerWeights:
     """Each layer's parameters as arrays of their own, in the compute dtype: what `decode` runs.
@@ -321,7 +346,7 @@ class Qwen2(nnx.Module):
     self.decoder = Decoder(config, rngs=rngs)
     if not config.tie_word_embeddings:
       shape, axes = param_table(config)["lm_head"]
-      self.lm_head = _param(_normal(rngs, [shape])[0], axes, config.param_dtype)
+      self.lm_head = ops.param(ops.normal_arrays(rngs, [shape])[0], axes, config.param_dtype)
 
   def unembed_kernel(self) -> jax.Array:
     """The [D, V] output projection (the embedding transposed when tied)."""
@@ -336,8 +361,8 @@ class Qwen2(nnx.Module):
       input_ids_BxT: int token ids.
       attention_mask: [B, T], 1 for real tokens, 0 for padding; None = all real.
         Named as in `transformers`, so `model(ids, attention_mask=mask)` works.
-      positions_BxT: RoPE positions; default derived from the mask (and the
-        cache's valid slots).
+      positions_BxT: RoPE positions counted from each row's next position (the cache's
+        real slots, plus its rope delta); default derived from the mask.
       cache: optional KVCache; the T tokens are written at its end_index.
 
     Returns:
@@ -382,8 +407,8 @@ class Qwen2Critic(nnx.Module):
     self.decoder = Decoder(config, rngs=rngs)
     # Zero head: the critic starts by predicting 0 everywhere rather than a
     # random offset, and its gradient (the hidden state) is still non-zero.
-    self.value_kernel = _param(jnp.zeros((config.hidden_size,)), ("embed",), jnp.float32)
-    self.value_bias = _param(jnp.zeros(()), (), jnp.float32)
+    self.value_kernel = ops.param(jnp.zeros((config.hidden_size,)), ("embed",), jnp.float32)
+    self.value_bias = ops.param(jnp.zeros(()), (), jnp.float32)
 
   def __call__(self, input_ids_BxT, attention_mask=None, *, positions_BxT=None):
     """Returns float32 values_BxT (one value per token position)."""
@@ -392,74 +417,3 @@ class Qwen2Critic(nnx.Module):
         jnp.einsum("btd,d->bt", hidden_BxTxD.astype(jnp.float32), self.value_kernel[...])
         + self.value_bias[...]
     )
-
-
-def create(
-    name_or_config: str | ModelConfig,
-    key: jax.Array,
-    *,
-    critic: bool = False,
-    sharding=None,
-    **overrides,
-) -> Qwen2 | Qwen2Critic:
-  """Builds a randomly initialised model.
-
-  Args:
-    name_or_config: a preset name (see `PRESETS`) or a ModelConfig.
-    key: PRNG key for the parameters.
-    critic: build a Qwen2Critic instead of the causal LM.
-    sharding: optional `logical axes -> jax Sharding` (e.g. `sharding.Sharder.named`): each
-      parameter is created directly in its sharding, never whole on one device.
-    **overrides: ModelConfig fields to replace (e.g. dtype=jnp.bfloat16).
-
-  Returns:
-    The module.
-  """
-  config = get_config(name_or_config) if isinstance(name_or_config, str) else name_or_config
-  if overrides:
-    config = config.replace(**overrides)
-  graphdef, init = _initialiser(Qwen2Critic if critic else Qwen2, config, sharding)
-  return nnx.merge(graphdef, init(key))
-
-
-def variable_shardings(abstract_state, sharding):
-  """The state's tree with each Variable's value replaced by `sharding(its logical axes)`."""
-  return jax.tree.map(
-      lambda v: v.replace(sharding(tuple(v.get_metadata().get("out_sharding") or ()))),
-      abstract_state,
-      is_leaf=lambda x: isinstance(x, nnx.Variable),
-  )
-
-
-@functools.lru_cache(maxsize=16)
-def _initialiser(cls, config: ModelConfig, sharding=None):
-  """(graphdef, jitted key -> state), cached so repeated creates never recompile."""
-  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0))))
-  out = None if sharding is None else variable_shardings(abstract, sharding)
-  init = jax.jit(lambda k: nnx.state(cls(config, rngs=nnx.Rngs(params=k))), out_shardings=out)
-  return graphdef, init
-
-
-def critic_from_policy(policy: Qwen2, key: jax.Array | None = None) -> Qwen2Critic:
-  """A critic whose decoder starts from a copy of the policy's weights.
-
-  The copy is real (new buffers), so donating the policy's state in a jitted
-  train step never deletes the critic's arrays.
-
-  Args:
-    policy: the causal LM.
-    key: unused by the zero value head; accepted for a uniform signature.
-
-  Returns:
-    The Qwen2Critic.
-  """
-  del key
-  config = policy.config
-  # Build abstractly: a random decoder for a 7B model would cost seconds and
-  # a second full copy of the weights.
-  critic = nnx.eval_shape(lambda: Qwen2Critic(config, rngs=nnx.Rngs(0)))
-  decoder_state = jax.tree.map(lambda a: jnp.array(a, copy=True), nnx.state(policy.decoder))
-  nnx.update(critic.decoder, decoder_state)
-  critic.value_kernel.set_value(jnp.zeros((config.hidden_size,), jnp.float32))
-  critic.value_bias.set_value(jnp.zeros((), jnp.float32))
-  return critic
