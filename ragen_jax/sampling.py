@@ -13,7 +13,8 @@ has stopped. A row stops on a stop token id, on a stop token sequence (e.g. the 
 "</answer>" when it is several tokens), or after `max_new_tokens`; later slots hold `pad_id`.
 
 `extend` is the same program over an existing cache (the multi-turn rollout appends each new
-user turn to it); `prefill_shared` puts a prompt every row shares into an empty cache at the cost
+user turn to it, with its images: `ChunkImages`, the features and the chunk's M-RoPE positions;
+the cache's rope delta carries the positions images imply into later chunks and decode steps); `prefill_shared` puts a prompt every row shares into an empty cache at the cost
 of one row; `prefill` and `restore_prefix` keep a prompt's slots and open an emptied cache with
 them (a context window's system message, every turn); `compact` squeezes the holes out of a
 cache. Cache slots: a decode step of a
@@ -46,8 +47,39 @@ import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax import models
+
+# pylint: disable-next=unused-import  # the cache edits are part of the sampler's API
+from ragen_jax.cache_edits import compact, prefill, prefill_shared, restore_prefix, window_for
 from ragen_jax.config_checks import check_fields, NonNegativeFloat, NonNegativeInt, PositiveInt
 from ragen_jax.config_checks import Range
+
+
+@struct.dataclass
+class ChunkImages:
+  """The images of an appended chunk, as the sampler's prefill takes them.
+
+  Attributes:
+    features_BxIxD: each row's image features (the vision tower's output), spliced into that
+      row's image-pad tokens in order; a row may use fewer (or none).
+    positions_3xBxT: the chunk's M-RoPE positions, counted from each row's next position
+      (`models.mrope.rope_index` of the chunk alone).
+    rope_delta_B: how far the chunk moves each row's next position beyond its token count.
+  """
+
+  features_BxIxD: jax.Array
+  positions_3xBxT: jax.Array
+  rope_delta_B: jax.Array
+
+  def decoder_arguments(self) -> dict:
+    return dict(
+        image_features_IxD=self.features_BxIxD,
+        positions_BxT=self.positions_3xBxT,
+        rope_delta_B=self.rope_delta_B,
+    )
+
+
+def _image_arguments(images: ChunkImages | None) -> dict:
+  return {} if images is None else images.decoder_arguments()
 
 
 class SampleOutput(NamedTuple):
@@ -206,8 +238,10 @@ def _decode(
     *,
     options: SamplingOptions,
     window=None,
+    images: ChunkImages | None = None,
 ):
-  """Appends ids_BxT to the cache, then samples up to N tokens per active row."""
+  """Appends ids_BxT (with `images` in it, if any) to the cache, then samples up to N tokens
+  per active row."""
   model = nnx.merge(graphdef, params)
   b, n = ids_BxT.shape[0], options.max_new_tokens
   pad_id = options.pad_id
@@ -221,7 +255,9 @@ def _decode(
   # prefill attends over the window too, not the whole capacity.
   weights = model.decoder.layer_weights()
   cache = cache.per_layer(window)
-  hidden_BxTxD, cache = model.decoder.decode(ids_BxT, mask_BxT, cache=cache, weights=weights)
+  hidden_BxTxD, cache = model.decoder.decode(
+      ids_BxT, mask_BxT, cache=cache, weights=weights, **_image_arguments(images)
+  )
   # Only the last position's logits are sampled from: no [B, T, V] logits for a long prompt.
   logits_BxV = model.logits(hidden_BxTxD[:, -1:])[:, 0]
   key, sub = jax.random.split(key)
@@ -286,8 +322,12 @@ _decode_jit = jax.jit(
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "config", "capacity", "options"))
-def _generate_jit(graphdef, params, ids_BxT, mask_BxT, key, *, config, capacity, options):
+def _generate_jit(graphdef, params, ids_BxT, mask_BxT, key, images, *, config, capacity, options):
   cache = models.init_cache(config, ids_BxT.shape[0], capacity)
+  chunk = None
+  if images is not None:  # the tower runs here, once, on every image of the prompts
+    features_IxD = nnx.merge(graphdef, params).image_features(images)
+    chunk = ChunkImages(features_IxD, images.positions_3xBxT, images.rope_delta_B)
   out, _ = _decode(
       graphdef,
       params,
@@ -297,6 +337,7 @@ def _generate_jit(graphdef, params, ids_BxT, mask_BxT, key, *, config, capacity,
       jnp.any(mask_BxT > 0, axis=1),
       key,
       options=options,
+      images=chunk,
   )
   return out
 
@@ -308,6 +349,8 @@ def generate(
     *,
     key: jax.Array,
     options: SamplingOptions,
+    pixel_values=None,
+    image_grid_thw=None,
 ) -> SampleOutput:
   """Samples continuations of left-padded prompts.
 
@@ -317,6 +360,8 @@ def generate(
     attention_mask: [B, T], 0 on the left padding; a row of zeros samples nothing.
     key: PRNG key (unused when temperature is 0).
     options: what to sample (N, temperature, top-k / top-p, stops, padding).
+    pixel_values, image_grid_thw: Qwen2.5-VL: the prompts' images, as transformers takes them
+      (`ragen_jax.vision.preprocess`), in the order their image tokens appear row after row.
 
   Returns:
     SampleOutput(tokens_BxN, logprobs_BxN, lengths_B).
@@ -328,6 +373,9 @@ def generate(
   tb = bucket(t)
   ids_BxT = np.concatenate([np.full((b, tb - t), pad_id, np.int32), ids_BxT], axis=1)
   mask_BxT = np.concatenate([np.zeros((b, tb - t), np.int32), mask_BxT], axis=1)
+  images = None
+  if pixel_values is not None:  # positions of the padded prompts, on the host
+    images = models.prepare_images(model.config, ids_BxT, mask_BxT, pixel_values, image_grid_thw)
   graphdef, params = nnx.split(model)
   return _generate_jit(
       graphdef,
@@ -335,6 +383,7 @@ def generate(
       ids_BxT,
       mask_BxT,
       key,
+      images,
       config=model.config,
       capacity=generate_capacity(t, options.max_new_tokens),
       options=options,
@@ -352,6 +401,7 @@ def extend(
     *,
     options: SamplingOptions,
     window: int | None = None,
+    images: ChunkImages | None = None,
 ) -> tuple[SampleOutput, models.KVCache]:
   """`generate` over an existing cache: appends ids_BxT (left-padded), then samples.
 
@@ -367,6 +417,7 @@ def extend(
     options: what to sample.
     window: static number of leading cache slots the decode loop attends over (None = all);
       callers bucket it (`window_for`) so that it takes few values.
+    images: Qwen2.5-VL: the images in ids_BxT (their features and the chunk's positions).
 
   Returns:
     (SampleOutput, the updated cache).
@@ -379,87 +430,14 @@ def extend(
   if need > limit:
     raise ValueError(f"{need} slots needed but the cache (window) has {limit}")
   return _decode_jit(
-      graphdef, params, cache, ids_BxT, mask_BxT, active_B, key, options=options, window=window
-  )
-
-
-def _prefill(graphdef, params, ids_BxT, mask_BxT) -> models.KVCache:
-  model = nnx.merge(graphdef, params)
-  b, t = ids_BxT.shape
-  cache = models.init_cache(model.config, b, t)
-  return model.backbone(ids_BxT, mask_BxT, cache=cache)[1]
-
-
-def _restore_prefix(cache: models.KVCache, prefix: models.KVCache, rows_B=None):
-  b, p = cache.mask_BxS.shape[0], prefix.mask_BxS.shape[1]
-  put = lambda full, part: jax.lax.dynamic_update_slice(
-      full, jnp.broadcast_to(part, full.shape[:1] + (b,) + part.shape[2:]), (0,) * full.ndim
-  )
-  mask_BxP = jnp.broadcast_to(prefix.mask_BxS, (b, p))
-  if rows_B is not None:
-    mask_BxP = mask_BxP & rows_B[:, None]
-  return models.KVCache(
-      k_LxBxKxSxDh=put(cache.k_LxBxKxSxDh, prefix.k_LxBxKxSxDh.astype(cache.k_LxBxKxSxDh.dtype)),
-      v_LxBxKxSxDh=put(cache.v_LxBxKxSxDh, prefix.v_LxBxKxSxDh.astype(cache.v_LxBxKxSxDh.dtype)),
-      mask_BxS=jnp.zeros_like(cache.mask_BxS).at[:, :p].set(mask_BxP),
-      end_index=jnp.int32(p),
-  )
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef",))
-def prefill(graphdef, params, ids_BxT, mask_BxT) -> models.KVCache:
-  """A cache holding exactly the left-padded prompts ids_BxT (capacity T, end_index T): the keys
-  and values that `restore_prefix` copies into a rollout's cache."""
-  return _prefill(graphdef, params, ids_BxT, mask_BxT)
-
-
-@functools.partial(jax.jit, donate_argnames=("cache",))
-def restore_prefix(cache: models.KVCache, prefix: models.KVCache, rows_B=None) -> models.KVCache:
-  """`cache` emptied, then `prefix`'s P slots in its first P slots (one prefix row broadcast to
-  every row, or one per row), end_index P; `rows_B` (optional) keeps only those rows' slots.
-
-  Slots past P keep stale keys and values under mask 0, which attention never reads.
-  """
-  return _restore_prefix(cache, prefix, rows_B)
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("cache",))
-def prefill_shared(graphdef, params, cache: models.KVCache, ids_1xT, mask_1xT, rows_B):
-  """An empty cache with one prompt prefilled once, at batch 1, in the first T slots of each
-  row in rows_B (others stay empty); end_index T.
-
-  What every episode's first prompt shares (the system prompt) costs one row's prefill, not
-  B; each row's own tokens then follow with `extend`. The keys and values are a row's own:
-  positions count real slots, so the copies sit where a row's prefill would have put them.
-  """
-  return _restore_prefix(cache, _prefill(graphdef, params, ids_1xT, mask_1xT), rows_B)
-
-
-def window_for(slots: int, capacity: int) -> int:
-  """The bucketed attention window for `slots` used slots: a multiple of 256, <= capacity."""
-  return min(capacity, -(-slots // 256) * 256)
-
-
-@functools.partial(jax.jit, donate_argnames=("cache",))
-def compact(cache: models.KVCache, keep_B: jax.Array) -> models.KVCache:
-  """Removes holes: each kept row's real slots, in order, end at slot M = max real count.
-
-  Rows with keep False are emptied. Afterwards end_index = M, so S - M slots are free.
-  """
-  mask_BxS = cache.mask_BxS & keep_B[:, None]
-  s = mask_BxS.shape[1]
-  count_B = jnp.sum(mask_BxS, axis=1, dtype=jnp.int32)
-  m = jnp.max(count_B)
-  # Stable sort puts the holes first and keeps the real slots in order; slot j of the result
-  # takes sorted index j + S - M, which is real exactly for j in [M - count, M).
-  order_BxS = jnp.argsort(mask_BxS, axis=1, stable=True)
-  slot_S = jnp.arange(s, dtype=jnp.int32)
-  src_BxS = order_BxS[:, jnp.clip(slot_S + s - m, 0, s - 1)]
-  new_mask_BxS = (slot_S[None] >= m - count_B[:, None]) & (slot_S[None] < m)
-  gather = lambda a: jnp.take_along_axis(a, src_BxS[None, :, None, :, None], axis=3)
-  return models.KVCache(
-      k_LxBxKxSxDh=gather(cache.k_LxBxKxSxDh),
-      v_LxBxKxSxDh=gather(cache.v_LxBxKxSxDh),
-      mask_BxS=new_mask_BxS,
-      end_index=m,
+      graphdef,
+      params,
+      cache,
+      ids_BxT,
+      mask_BxT,
+      active_B,
+      key,
+      options=options,
+      window=window,
+      images=images,
   )

@@ -133,7 +133,7 @@ def test_a_shared_prefix_plays_as_the_whole_prompts(model, monkeypatch):
       rollout.ModelPolicy(model), jax.random.key(6), seed=40
   )
   shared = play()
-  monkeypatch.setattr(policies, "split_shared_prefix", lambda *a: None)
+  monkeypatch.setattr(policies, "split_shared_prefix", lambda *a, **k: None)
   whole = play()
   np.testing.assert_array_equal(shared.batch.tokens_BxT, whole.batch.tokens_BxT)
   np.testing.assert_array_equal(shared.batch.loss_mask_BxT, whole.batch.loss_mask_BxT)
@@ -177,9 +177,20 @@ class Script:
     self.replies, self.calls = replies, 0
 
   def __call__(
-      self, graphdef, params, cache, ids_BxC, mask_BxC, active_B, key, *, options, window=None
+      self,
+      graphdef,
+      params,
+      cache,
+      ids_BxC,
+      mask_BxC,
+      active_B,
+      key,
+      *,
+      options,
+      window=None,
+      images=None,
   ):
-    del window
+    del window, images
     n = options.max_new_tokens
     tokens = np.full((len(self.replies), n), options.pad_id, np.int32)
     lengths = np.zeros(len(self.replies), np.int32)

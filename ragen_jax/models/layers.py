@@ -133,14 +133,22 @@ def apply_rope(x_BxTxNxDh: jax.Array, angles_BxTxDh2: jax.Array) -> jax.Array:
   return out.astype(x_BxTxNxDh.dtype)
 
 
-def splice(x_BxTxD: jax.Array, is_image_BxT: jax.Array, features_IxD: jax.Array) -> jax.Array:
-  """x with the image-pad positions replaced by the I image features, in row-major order.
+def splice(x_BxTxD: jax.Array, is_image_BxT: jax.Array, features: jax.Array) -> jax.Array:
+  """x with the image-pad positions replaced by image features.
 
   transformers' masked_scatter, in a form that jit accepts: the k-th image position takes row k
-  of the features through a cumulative-sum gather. The positions must number I.
+  of the features through a cumulative-sum gather. `features` is [I, D], taken in row-major
+  order over the whole batch (the positions must number I), or [B, I, D], each row's own (a
+  row takes its first features, one per image position, and may have none: a batch of fixed
+  shape whose rows do not all show an image this chunk).
   """
   b, t, d = x_BxTxD.shape
+  if features.ndim == 3:
+    row_BxT = jnp.clip(jnp.cumsum(is_image_BxT, axis=1, dtype=jnp.int32) - 1, 0, None)
+    row_BxT = jnp.minimum(row_BxT, features.shape[1] - 1)
+    gathered_BxTxD = jnp.take_along_axis(features, row_BxT[..., None], axis=1)
+    return jnp.where(is_image_BxT[..., None], gathered_BxTxD.astype(x_BxTxD.dtype), x_BxTxD)
   is_image_N = is_image_BxT.reshape(b * t)
-  row_N = jnp.clip(jnp.cumsum(is_image_N, dtype=jnp.int32) - 1, 0, features_IxD.shape[0] - 1)
-  gathered_NxD = jnp.take(features_IxD, row_N, axis=0).astype(x_BxTxD.dtype)
+  row_N = jnp.clip(jnp.cumsum(is_image_N, dtype=jnp.int32) - 1, 0, features.shape[0] - 1)
+  gathered_NxD = jnp.take(features, row_N, axis=0).astype(x_BxTxD.dtype)
   return jnp.where(is_image_N[:, None], gathered_NxD, x_BxTxD.reshape(b * t, d)).reshape(b, t, d)

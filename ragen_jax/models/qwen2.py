@@ -237,7 +237,8 @@ class Decoder(nnx.Module):
         cache), [B, T] or M-RoPE's [3, B, T]; default: the real tokens counted.
       cache: optional KVCache.
       image_features_IxD: Qwen2.5-VL: the features that replace the embeddings of the I image
-        tokens (`config.vision.image_token_id`), in row-major order.
+        tokens (`config.vision.image_token_id`), in row-major order; or [B, I, D], each row's
+        own (`layers.splice`).
       rope_delta_B: Qwen2.5-VL: how far these tokens move each row's next position beyond
         their count (`mrope.rope_index`); added to the cache's rope delta.
     """

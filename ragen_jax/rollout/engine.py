@@ -84,6 +84,7 @@ from ragen_jax.envs import tools as tools_lib
 from ragen_jax.envs.host.records import EnvFault
 from ragen_jax.rollout import env_batch
 from ragen_jax.rollout import episodes as episodes_lib
+from ragen_jax.rollout import images
 from ragen_jax.rollout import layouts
 from ragen_jax.rollout import prompts
 from ragen_jax.rollout.episodes import Episode
@@ -141,7 +142,8 @@ class Rollout:
         stop_sequences=(answer_end, tuple(tokenizer.encode(tools_lib.TOOL_CALL_CLOSE))),
     )
     self.envs = env_batch.make(env, c, self.batch_size, sharder)
-    self.layout = layouts.make(c, tokenizer, env)  # the context layout (full, or a window)
+    self.shown = images.make(env, tokenizer)  # what a turn shows beside text (an image?)
+    self.layout = layouts.make(c, tokenizer, env, self.shown)  # full, or a window
     self._logged_faults = set()  # fault kinds already logged with a traceback
 
   def close(self) -> None:
@@ -167,6 +169,7 @@ class Rollout:
     (uses_tools,) = rows.agree_max([int(any(ep.tools for ep in eps))])
     options = self.tool_options if uses_tools else self.options
     turn_steps = []  # decode steps of each turn on this process (the call runs to the max)
+    frames_by_turn = []  # each turn's frames of every row (visual environments; on device)
     for turn in range(1, c.max_turns + 1):
       shown = {i: self._prompt(ep, turn) for i, ep in enumerate(eps) if not ep.done}
       shown = {i: p for i, p in shown.items() if p is not None}  # the rest overflowed
@@ -178,7 +181,10 @@ class Rollout:
         break
       tic = time.perf_counter()
       key, sub = jax.random.split(key)
-      replies = turns.respond(self._inputs(turn, shown, longest, eps, stats, options, sub))
+      inputs = self._inputs(turn, shown, longest, eps, stats, options, sub)
+      inputs.frames = self.shown.frames(self.envs)  # pylint: disable=assignment-from-none
+      frames_by_turn.append(inputs.frames)
+      replies = turns.respond(inputs)
       timing["decode_s"] += time.perf_counter() - tic
       turn_steps.append(int(replies.lengths_B.max()))
       stats["generated_tokens"] += int(replies.lengths_B.sum())
@@ -202,6 +208,10 @@ class Rollout:
     eps, stats, turn_steps = rows.gather(eps, stats, turn_steps)
     stats["decode_steps"] = sum(turn_steps)
     result = episodes_lib.to_result(eps, c, self.layout, self.tok.pad_id, stats)
+    # (pylint takes text turns' None, rollout.images.TextTurns, for the only case.)
+    result.frames_KxBxHxWx3 = self.shown.stack(  # pylint: disable=assignment-from-none
+        frames_by_turn
+    )
     total = time.perf_counter() - t_start
     host = total - timing["decode_s"] - timing["env_s"]
     result.summary.update(timing, total_s=total, host_s=host)
@@ -278,8 +288,9 @@ class Rollout:
 
   def _prompt(self, ep: Episode, turn: int) -> TurnPrompt | None:
     """The episode's next turn as its context layout makes it (the reward text of the last turn
-    opens the user message); None: the turn cannot fit and the episode stops before it."""
-    return self.layout.prompt(ep, turn, ep.pending + self._user_turn(ep, turn))
+    opens the user message, then its image, if any); None: the turn cannot fit and the episode
+    stops before it."""
+    return self.layout.prompt(ep, turn, ep.pending + self.shown.mark(self._user_turn(ep, turn)))
 
   def _inputs(
       self, turn: int, shown: Dict[int, TurnPrompt], longest: int, eps, stats, options, key

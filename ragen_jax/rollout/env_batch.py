@@ -113,6 +113,11 @@ class JaxBatch:
     texts = self._render(range(hi - lo))
     return [Start(text, instruction, names, None) for text, names in zip(texts, self._names)]
 
+  @property
+  def device_states(self):
+    """The batched states on the device (what a visual environment's frames are drawn from)."""
+    return self._states
+
   def states(self, indices: Sequence[int]) -> Dict[int, Any]:
     """The episodes' unbatched host states (what scripted experts plan from)."""
     return {i: row(self._host, i) for i in indices}

@@ -299,6 +299,9 @@ class RolloutResult:
   metrics: Dict[str, np.ndarray]  # per episode, [B]
   summary: Dict[str, float]  # batch means, pass@group_size, cost counters, timings
   episodes: List[Episode]  # typed host records (Episode.to_json: what files hold)
+  # Visual environments (rollout.images): the frame each row was shown at each turn played,
+  # uint8 [K, B, H, W, 3] on the device (episode i's turn t showed frames[t - 1, i]); else None.
+  frames_KxBxHxWx3: Any = None
 
 
 def to_result(eps: List[Episode], c: RolloutConfig, layout, pad_id: int, stats: Dict[str, int]):

@@ -25,6 +25,7 @@ from typing import List, Optional
 import numpy as np
 
 from ragen_jax import sampling
+from ragen_jax.rollout import images
 from ragen_jax.rollout import prompts
 from ragen_jax.rollout import windows
 from ragen_jax.rollout.episodes import empty_rows
@@ -32,10 +33,17 @@ from ragen_jax.rollout.episodes import TurnPrompt
 from ragen_jax.tokenizers import base as tok_base
 
 
-def make(config, tokenizer, env):
-  """The layout `config.context_window` names (`env` may define the windows' memory hook)."""
+def make(config, tokenizer, env, shown=None):
+  """The layout `config.context_window` names (`env` may define the windows' memory hook);
+  `shown` (rollout.images) encodes the turns' text and images (default: text alone)."""
+  shown = images.TextTurns(tokenizer) if shown is None else shown
   if config.window is None:
-    return FullContext(tokenizer, config)
+    return FullContext(tokenizer, config, shown)
+  if shown.vision_ids:
+    raise ValueError(
+        f"rollout.context_window={config.context_window!r} does not show images yet; "
+        "an environment seen as images plays with context_window='full'"
+    )
   return windows.Window(config.window, tokenizer, config, windows.memory_hook(env))
 
 
@@ -44,8 +52,8 @@ class FullContext:
 
   window = None  # every earlier turn is shown
 
-  def __init__(self, tokenizer, config):
-    self.tok, self.config = tokenizer, config
+  def __init__(self, tokenizer, config, shown):
+    self.tok, self.config, self.shown = tokenizer, config, shown
 
   def system_prefix(self, ep) -> List[int]:
     """Nothing is cached apart: the first prompt opens the episode's own sequence."""
@@ -60,7 +68,7 @@ class FullContext:
     if turn == 1:
       ep.messages.append({"role": "user", "content": user})
       prompt = tok.apply_chat_template(ep.messages, True, ep.tool_schemas)
-      ids = tok.encode(prompt + prompts.generation_prefix(c.enable_think))
+      ids = self.shown.encode(prompt + prompts.generation_prefix(c.enable_think))
       if len(ids) + c.max_new_tokens > c.max_context:
         raise ValueError(
             f"the first prompt ({len(ids)} tokens) plus max_new_tokens "
@@ -68,7 +76,7 @@ class FullContext:
         )
       return TurnPrompt(ids, ids, len(ids))
     closed = ep.last_token == tok.eos_id
-    rest = tok.encode(
+    rest = self.shown.encode(
         ("" if closed else tok_base.IM_END) + "\n" + prompts.user_message(user, c.enable_think)
     )
     history = len(ep.tokens())

@@ -24,6 +24,7 @@ import numpy as np
 from ragen_jax import distributed
 from ragen_jax import models
 from ragen_jax import sampling
+from ragen_jax.rollout import images
 from ragen_jax.rollout.episodes import Episode
 
 
@@ -97,6 +98,9 @@ class TurnInputs:
   # The batch's sampling options, for plain and tool turns alike (with tools declared, a reply
   # also stops at "</tool_call>").
   options: sampling.SamplingOptions
+  # Visual environments: every row's current frame, uint8 [B, H, W, 3] on the device
+  # (rollout.images); None for text.
+  frames: Any = None
 
 
 @dataclasses.dataclass
@@ -128,16 +132,21 @@ class ModelPolicy:
 
   def start(self, engine) -> "ModelTurns":
     rows = Rows(*engine.rows, engine.batch_size, engine.sharder)
-    return ModelTurns(self.model, engine.capacity, rows, engine.layout)
+    return ModelTurns(self.model, engine.capacity, rows, engine.layout, engine.shown)
 
 
 class ModelTurns:
   """The model's play of one batch: it owns the batch's KV cache, which the context layout
   (rollout.layouts) grows turn by turn or reopens each turn."""
 
-  def __init__(self, model: models.Qwen2, capacity: int, rows: Rows, layout):
+  def __init__(self, model: models.Qwen2, capacity: int, rows: Rows, layout, shown=None):
     self.graphdef, self.params = nnx.split(model)
+    self.config = model.config
     self.capacity, self.rows, self.layout = capacity, rows, layout
+    # What turns show beside text (rollout.images); images need the whole batch on this host.
+    self.shown = images.TextTurns(None) if shown is None else shown
+    if self.shown.vision_ids and rows.split:
+      raise ValueError("a rollout with images plays on one process")
     self.cache = models.init_cache(model.config, rows.total, capacity)
     self._system_cache = None  # window layouts: the system message's slots
     if rows.sharder is not None:
@@ -150,6 +159,9 @@ class ModelTurns:
         self.rows.to_global(x) for x in (inputs.ids_BxC, inputs.mask_BxC, inputs.active_B)
     )
     ids_BxC, mask_BxC = self.layout.ready_cache(self, inputs, ids_BxC, mask_BxC, active_B)
+    chunk_images = self.shown.chunk(
+        (self.graphdef, self.params, self.config), inputs.frames, ids_BxC, mask_BxC
+    )
     # The context check guarantees the fit; extend() raises loudly otherwise.
     window = sampling.window_for(
         int(self.cache.end_index) + ids_BxC.shape[1] + options.max_new_tokens,
@@ -165,6 +177,7 @@ class ModelTurns:
         inputs.key,
         window=window,
         options=options,
+        images=chunk_images,
     )
     return Replies(*self.rows.to_local(out))
 
@@ -174,7 +187,9 @@ class ModelTurns:
     if inputs.turn > 1:
       self.cache = sampling.compact(self.cache, jnp.asarray(active_B))
     elif not self.rows.split:  # a split batch's other rows are not on this host to compare
-      shared = split_shared_prefix(ids_BxC, mask_BxC, active_B, inputs.options.pad_id)
+      shared = split_shared_prefix(
+          ids_BxC, mask_BxC, active_B, inputs.options.pad_id, stop_ids=self.shown.vision_ids
+      )
       if shared is not None:
         prefix_1xP, prefix_mask_1xP, ids_BxC, mask_BxC = shared
         self.cache = sampling.prefill_shared(
@@ -202,8 +217,13 @@ class ModelTurns:
     self.cache = sampling.restore_prefix(self.cache, self._system_cache)
 
 
-def split_shared_prefix(ids_BxC, mask_BxC, active_B, pad_id: int, min_prefix: int = 64):
+def split_shared_prefix(
+    ids_BxC, mask_BxC, active_B, pad_id: int, min_prefix: int = 64, stop_ids=()
+):
   """The first prompts' common beginning and each row's rest, when sharing it pays.
+
+  The beginning ends before any of `stop_ids` (an image's first token: the rows' images
+  differ where their tokens do not).
 
   Returns (prefix_1xP, its mask, rest_BxR, its mask), each left-padded to its `sampling.bucket`,
   or None: fewer than two active rows, or no prefix of at least `min_prefix` tokens whose two
@@ -218,6 +238,8 @@ def split_shared_prefix(ids_BxC, mask_BxC, active_B, pad_id: int, min_prefix: in
   first_N = np.stack([r[:n] for r in rows.values()])
   same_N = np.all(first_N == first_N[0], axis=0)
   common = n if same_N.all() else int(np.argmin(same_N))
+  stops = np.flatnonzero(np.isin(first_N[0, :common], stop_ids))
+  common = int(stops[0]) if stops.size else common
   longest = max(len(r) for r in rows.values())
   # The common length itself, or a bucket size below it (no padding in the prefix's slots).
   sizes = [common] + [v for v in (16, 32, 64, *range(128, common, 128)) if v < common]

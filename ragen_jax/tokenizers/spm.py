@@ -29,6 +29,10 @@ USER_SYMBOLS = (
     "<answer>",
     "</answer>",
 )
+# Qwen2.5-VL's vision tokens, not pieces of the model: ids just past it, in this order (the
+# `tiny-vl` preset's `vision_config.tiny_vision`). Only `token_to_id` knows them; the rollout
+# puts their ids into a prompt itself, and decode gives them no text.
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 # Dropped by decode(skip_special_tokens=True), as Qwen drops its chat markers.
 _SPECIAL = (base.ENDOFTEXT, base.IM_START, base.IM_END)
 
@@ -76,6 +80,8 @@ class SentencePieceTokenizer(base.Tokenizer):
     return self._sp.decode(ids)
 
   def token_to_id(self, token: str) -> int:
+    if token in VISION_TOKENS:
+      return self.vocab_size + VISION_TOKENS.index(token)
     token_id = self._sp.piece_to_id(token.replace(" ", "\u2581"))
     if token_id == self._sp.unk_id() and token != self._sp.id_to_piece(token_id):
       raise KeyError(f"{token!r} is not a single piece of this tokenizer")

@@ -1,0 +1,113 @@
+"""Rollouts and sampling with images (Qwen2.5-VL): the cached paths against one full forward.
+
+A random `tiny-vl` model plays visual Sokoban; every turn's prompt carries that turn's frame
+(drawn and preprocessed on the device, the tower run once per frame) and the KV cache is kept
+across turns with the positions the images imply (rope delta). The reference is the model's
+full forward over the final sequences with all their images, preprocessed on the host by the
+NumPy path (transformers' pixel_values and image_grid_thw), padded rows included.
+
+Dimension legend: B episodes, T sequence, K turns, V vocab.
+"""
+
+import jax
+import numpy as np
+import pytest
+
+from ragen_jax import envs
+from ragen_jax import models
+from ragen_jax import rollout
+from ragen_jax import sampling
+from ragen_jax import tokenizers
+from ragen_jax import vision
+from ragen_jax.rollout import images
+from tiny import rollout_config  # pylint: disable=g-bad-import-order
+
+TOK = tokenizers.load("sentencepiece")
+TEMPERATURE = 0.8  # tiny.rollout_config's
+
+
+@pytest.fixture(scope="module")
+def model():
+  return models.create("tiny-vl", jax.random.key(0))
+
+
+def token_logprobs(logits_BxTxV, tokens_BxT, temperature):
+  """float64 [B, T - 1]: log-prob of each next token under logits / temperature (NumPy)."""
+  logits = np.asarray(logits_BxTxV, np.float64) / temperature
+  top = logits.max(-1, keepdims=True)
+  logz = np.log(np.exp(logits - top).sum(-1)) + top[..., 0]
+  picked = np.take_along_axis(logits[:, :-1], tokens_BxT[:, 1:, None], axis=-1)[..., 0]
+  return picked - logz[:, :-1]
+
+
+def test_image_turn_tokens_by_hand():
+  shown = images.make(envs.make("visual_sokoban"), TOK)
+  start, end, pad = (
+      TOK.token_to_id(t) for t in ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>")
+  )
+  assert (start, end, pad) == (2048, 2049, 2050)  # the tiny-vl preset's ids
+  assert shown.tokens_per_image == 9  # 84 x 84 pixels: 6 x 6 patches, 2 x 2 per token
+  ids = shown.encode("a" + shown.mark("b"))
+  assert ids == TOK.encode("a") + [start] + [pad] * 9 + [end] + TOK.encode("b")
+  assert images.make(envs.make("sokoban"), TOK).encode("a" + images.MARK) == TOK.encode(
+      "a" + images.MARK
+  )
+
+
+def test_multi_turn_rollout_with_images_equals_a_full_forward(model):
+  engine = rollout.Rollout(envs.make("visual_sokoban"), TOK, rollout_config())
+  result = engine.run(rollout.ModelPolicy(model), jax.random.key(1), seed=7)
+  batch, eps = result.batch, result.episodes
+  tokens, mask = np.asarray(batch.tokens_BxT), np.asarray(batch.attention_mask_BxT)
+  loss, lp = np.asarray(batch.loss_mask_BxT), np.asarray(batch.logprobs_BxT)
+  frames = np.asarray(result.frames_KxBxHxWx3)
+  assert frames.shape[1:] == (4, 84, 84, 3) and frames.dtype == np.uint8
+  # Each turn's prompt holds one image: 9 image tokens a turn, in every row.
+  turns_B = np.array([len(ep.turns) for ep in eps])
+  assert np.all(np.sum((tokens == 2050) & (mask > 0), axis=1) == 9 * turns_B)
+  assert len(set(np.sum(mask, axis=1).tolist())) > 1  # rows of different lengths (padding)
+  # The reference: one forward over the final sequences, every image of every row in order.
+  shown = [frames[t, i] for i in range(len(eps)) for t in range(turns_B[i])]
+  pixel_values, grid_thw = vision.preprocess(shown)  # the host (NumPy) path
+  logits = model(tokens, mask, pixel_values=pixel_values, image_grid_thw=grid_thw)
+  ref = token_logprobs(logits, tokens, TEMPERATURE)
+  trained = loss[:, 1:] > 0
+  assert trained.sum() == result.metrics["response_length"].sum() > 0
+  assert np.max(np.abs(lp[:, 1:][trained] - ref[trained])) <= 1e-4
+  # Without the images (their pad tokens' embeddings), the replies' log-probs differ: the
+  # check above sees them.
+  blind = token_logprobs(model(tokens, mask), tokens, TEMPERATURE)
+  assert np.max(np.abs(lp[:, 1:][trained] - blind[trained])) > 1e-3
+
+
+def test_generate_with_images_equals_a_full_forward(model):
+  rng = np.random.default_rng(0)
+  frames = rng.integers(0, 256, (3, 56, 84, 3), np.uint8)  # 2 x 3 image tokens each
+  pixel_values, grid_thw = vision.preprocess(list(frames))
+  block = lambda: [2048] + [2050] * 6 + [2049]
+  rows = [
+      TOK.encode("look:") + block() + TOK.encode("and") + block() + TOK.encode("move"),
+      TOK.encode("a longer prompt, then") + block() + TOK.encode("go"),
+  ]
+  width = max(len(r) for r in rows)
+  ids = np.zeros((2, width), np.int32)
+  mask = np.zeros((2, width), np.int32)
+  for i, r in enumerate(rows):
+    ids[i, width - len(r) :], mask[i, width - len(r) :] = r, 1
+  options = sampling.SamplingOptions(max_new_tokens=8, temperature=TEMPERATURE, pad_id=0)
+  out = sampling.generate(
+      model,
+      ids,
+      mask,
+      key=jax.random.key(3),
+      options=options,
+      pixel_values=pixel_values,
+      image_grid_thw=grid_thw,
+  )
+  n = np.asarray(out.lengths_B)
+  assert np.all(n == 8)  # no stop token: every row samples 8 tokens
+  full = np.concatenate([ids, np.asarray(out.tokens_BxN)], axis=1)
+  full_mask = np.concatenate([mask, np.ones((2, 8), np.int32)], axis=1)
+  logits = model(full, full_mask, pixel_values=pixel_values, image_grid_thw=grid_thw)
+  ref = token_logprobs(logits, full, TEMPERATURE)[:, width - 1 :]
+  np.testing.assert_allclose(np.asarray(out.logprobs_BxN), ref, atol=1e-4)
