@@ -9,6 +9,8 @@ NumPy path (transformers' pixel_values and image_grid_thw), padded rows included
 Dimension legend: B episodes, T sequence, K turns, V vocab.
 """
 
+import types
+
 import jax
 import numpy as np
 import pytest
@@ -29,6 +31,19 @@ TEMPERATURE = 0.8  # tiny.rollout_config's
 @pytest.fixture(scope="module")
 def model():
   return models.create("tiny-vl", jax.random.key(0))
+
+
+@pytest.fixture
+def varied_frames(monkeypatch):
+  """Every turn draws new random frames (on the device), so that no two turns show the same
+  image: a random model's invalid moves would leave Sokoban's frames unchanged, and a wrong
+  turn's features would go unseen."""
+  rng = np.random.default_rng(5)
+  monkeypatch.setattr(
+      images.ImageTurns,
+      "frames",
+      lambda self, envs: jax.numpy.asarray(rng.integers(0, 256, (4, 84, 84, 3), np.uint8)),
+  )
 
 
 def token_logprobs(logits_BxTxV, tokens_BxT, temperature):
@@ -52,9 +67,25 @@ def test_image_turn_tokens_by_hand():
   assert images.make(envs.make("sokoban"), TOK).encode("a" + images.MARK) == TOK.encode(
       "a" + images.MARK
   )
+  # The frames: every row's state drawn on the device, as render_image draws each alone.
+  env = envs.make("visual_sokoban")
+  states = jax.jit(env.reset_batch)(jax.vmap(jax.random.key)(np.arange(2)))
+  frames = np.asarray(shown.frames(types.SimpleNamespace(device_states=states)))
+  assert frames.shape == (2, 84, 84, 3) and np.any(frames[0] != frames[1])
+  one = jax.tree.map(lambda a: a[1], states)
+  np.testing.assert_array_equal(frames[1], np.asarray(env.render_image(one)))
 
 
-def test_multi_turn_rollout_with_images_equals_a_full_forward(model):
+def test_multi_turn_rollout_with_images_equals_a_full_forward(model, varied_frames, monkeypatch):
+  del varied_frames
+  outcome = rollout.Rollout._outcome  # pylint: disable=protected-access
+
+  def end_episode_1_after_turn_1(engine, ep, result, turn):
+    outcome(engine, ep, result, turn)
+    ep.done |= (ep.group_id, ep.index_in_group) == (0, 1)
+
+  # A row that stops playing keeps its place in the fixed batch, with no image in its chunks.
+  monkeypatch.setattr(rollout.Rollout, "_outcome", end_episode_1_after_turn_1)
   engine = rollout.Rollout(envs.make("visual_sokoban"), TOK, rollout_config())
   result = engine.run(rollout.ModelPolicy(model), jax.random.key(1), seed=7)
   batch, eps = result.batch, result.episodes
@@ -64,6 +95,7 @@ def test_multi_turn_rollout_with_images_equals_a_full_forward(model):
   assert frames.shape[1:] == (4, 84, 84, 3) and frames.dtype == np.uint8
   # Each turn's prompt holds one image: 9 image tokens a turn, in every row.
   turns_B = np.array([len(ep.turns) for ep in eps])
+  assert turns_B[1] == 1 and turns_B.max() == 3
   assert np.all(np.sum((tokens == 2050) & (mask > 0), axis=1) == 9 * turns_B)
   assert len(set(np.sum(mask, axis=1).tolist())) > 1  # rows of different lengths (padding)
   # The reference: one forward over the final sequences, every image of every row in order.
@@ -78,6 +110,44 @@ def test_multi_turn_rollout_with_images_equals_a_full_forward(model):
   # check above sees them.
   blind = token_logprobs(model(tokens, mask), tokens, TEMPERATURE)
   assert np.max(np.abs(lp[:, 1:][trained] - blind[trained])) > 1e-3
+
+
+def test_a_window_reuses_kept_features_and_equals_a_fresh_forward(
+    model, monkeypatch, varied_frames
+):
+  """last_k (k = 1): each turn's prompt re-prefills the kept turn with its image; the tower
+  runs once per turn on the new frames only, and every row's log-probs equal a fresh forward of
+  that row's windowed prompt with its images."""
+  del varied_frames
+  tower_calls = []
+  run_tower = images.frame_features
+  monkeypatch.setattr(
+      images,
+      "frame_features",
+      lambda g, p, frames, *a: tower_calls.append(frames.shape) or run_tower(g, p, frames, *a),
+  )
+  config = rollout_config(context_window="last_k", window_turns=1)
+  engine = rollout.Rollout(envs.make("visual_sokoban"), TOK, config)
+  result = engine.run(rollout.ModelPolicy(model), jax.random.key(2), seed=11)
+  batch, eps, k = result.batch, result.episodes, config.max_turns
+  frames = np.asarray(result.frames_KxBxHxWx3)
+  assert tower_calls == [(4, 84, 84, 3)] * frames.shape[0]  # once per turn, new frames only
+  tokens, mask = np.asarray(batch.tokens_BxT), np.asarray(batch.attention_mask_BxT)
+  loss, lp = np.asarray(batch.loss_mask_BxT), np.asarray(batch.logprobs_BxT)
+  shown, two_images = [], 0
+  for i, ep in enumerate(eps):
+    for j, turn in enumerate(ep.turns):
+      seen = list(range(turn.shown_from, j + 1))  # the kept turn (if any), then this one
+      shown += [frames[t, i] for t in seen]
+      two_images += len(seen) == 2
+      assert np.sum((tokens[i * k + j] == 2050) & (mask[i * k + j] > 0)) == 9 * len(seen)
+  assert two_images > 0  # some prompt re-shows a kept turn's image
+  pixel_values, grid_thw = vision.preprocess(shown)
+  logits = model(tokens, mask, pixel_values=pixel_values, image_grid_thw=grid_thw)
+  ref = token_logprobs(logits, tokens, TEMPERATURE)
+  trained = loss[:, 1:] > 0
+  assert trained.sum() == result.metrics["response_length"].sum() > 0
+  assert np.max(np.abs(lp[:, 1:][trained] - ref[trained])) <= 1e-4
 
 
 def test_generate_with_images_equals_a_full_forward(model):

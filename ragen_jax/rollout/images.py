@@ -5,7 +5,8 @@
     shown.mark(user_text)                 # the user's message, with the image's place marked
     shown.encode(text)                    # ids: the text's, the image's tokens at the mark
     frames_BxHxWx3 = shown.frames(envs)   # every row's frame, rendered on the device, or None
-    shown.chunk(model_inputs, frames_BxHxWx3, ids_BxC, mask_BxC)   # sampling.ChunkImages or None
+    play = shown.start(model_inputs, b, max_turns, per_prompt)   # one batch's (a model's) play
+    play.chunk(turn, frames_BxHxWx3, ids_BxC, mask_BxC)          # sampling.ChunkImages, or None
 
 An image is Qwen2.5-VL's block `<|vision_start|>` + n x `<|image_pad|>` + `<|vision_end|>`,
 opening the user's message (after the reward text of the last turn). Its ids come from the
@@ -20,6 +21,12 @@ drawn too (a fixed batch); their features are never spliced, as their chunks hol
 tokens (`layers.splice` with per-row features). The chunk's M-RoPE positions are computed on the
 host from its ids (`mrope.rope_index`), as its text already is.
 
+The features are kept for the batch, one slot per turn (`FrameFeatures`): a chunk's n images
+are always its row's last n turns' frames (the full context appends the current one; a window
+re-prefills the kept turns' and the current one), so they are gathered from the kept slots and
+the tower never sees a frame twice. At most `per_prompt` images a chunk (1 in full context,
+k + 1 with a window of k turns) keeps the gathered shape static.
+
 Dimension legend: B rows, C appended chunk length, H x W x 3 a frame, P patches of a frame,
 I image tokens of a frame, D model width.
 """
@@ -29,6 +36,7 @@ from typing import Any, Tuple
 
 from flax import nnx
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax import sampling
@@ -65,8 +73,12 @@ class TextTurns:
     del envs
     return None
 
-  def chunk(self, model_inputs, frames, ids_BxC, mask_BxC) -> None:
-    del model_inputs, frames, ids_BxC, mask_BxC
+  def start(self, model_inputs, b: int, max_turns: int, per_prompt: int) -> "TextTurns":
+    del model_inputs, b, max_turns, per_prompt
+    return self
+
+  def chunk(self, turn: int, frames, ids_BxC, mask_BxC) -> None:
+    del turn, frames, ids_BxC, mask_BxC
 
   def stack(self, frames_by_turn) -> None:
     del frames_by_turn
@@ -119,28 +131,62 @@ class ImageTurns:
       raise ValueError(f"the model's vision config {v} does not match the preprocessing {ic}")
     return _layout(tuple(self.grid_1x3[0]), b, v)
 
-  def chunk(self, model_inputs, frames_BxHxWx3, ids_BxC, mask_BxC) -> sampling.ChunkImages:
-    """The chunk's images: every row's frame through the tower, and the chunk's positions.
-
-    `model_inputs` is (graphdef, params, config) of the model.
-    """
-    graphdef, params, config = model_inputs
-    layout = self.layout(config, frames_BxHxWx3.shape[0])
-    features_BxIxD = frame_features(graphdef, params, frames_BxHxWx3, *layout)
-    ids_BxC, mask_BxC = np.asarray(ids_BxC), np.asarray(mask_BxC)
-    shown = int(np.sum((ids_BxC == self.image_id) & (mask_BxC > 0))) // self.tokens_per_image
-    positions_3xBxC, rope_delta_B = mrope.rope_index(
-        ids_BxC,
-        mask_BxC,
-        np.repeat(self.grid_1x3, shown, axis=0),
-        image_token_id=self.image_id,
-        spatial_merge_size=config.vision.spatial_merge_size,
-    )
-    return sampling.ChunkImages(features_BxIxD, positions_3xBxC, rope_delta_B)
+  def start(self, model_inputs, b: int, max_turns: int, per_prompt: int) -> "FrameFeatures":
+    """The features of one batch's frames, played by the model of `model_inputs`
+    ((graphdef, params, config)) over `max_turns` turns, `per_prompt` images a chunk at most."""
+    return FrameFeatures(self, model_inputs, b, max_turns, per_prompt)
 
   def stack(self, frames_by_turn) -> Any:
     """uint8 [K, B, H, W, 3]: the frames of the K turns played (on the device)."""
-    return jax.numpy.stack(frames_by_turn) if frames_by_turn else None
+    return jnp.stack(frames_by_turn) if frames_by_turn else None
+
+
+class FrameFeatures:
+  """One batch's image features, a slot per turn, and the chunks that show them (module doc)."""
+
+  def __init__(self, shown: ImageTurns, model_inputs, b: int, max_turns: int, per_prompt: int):
+    self.shown, self.model_inputs = shown, model_inputs
+    self.patches = shown.layout(model_inputs[2], b)
+    self.max_turns, self.per_prompt = max_turns, per_prompt
+    self.kept_KxBxIxD = None  # made on the first turn, in the tower's dtype
+
+  def chunk(self, turn: int, frames_BxHxWx3, ids_BxC, mask_BxC) -> sampling.ChunkImages:
+    """Turn `turn`'s chunk's images: this turn's frames through the tower (kept), each row's
+    images gathered from the kept turns, and the chunk's positions."""
+    graphdef, params, config = self.model_inputs
+    new_BxIxD = frame_features(graphdef, params, frames_BxHxWx3, *self.patches)
+    if self.kept_KxBxIxD is None:
+      self.kept_KxBxIxD = jnp.zeros((self.max_turns,) + new_BxIxD.shape, new_BxIxD.dtype)
+    self.kept_KxBxIxD = _keep(self.kept_KxBxIxD, new_BxIxD, turn - 1)
+    ids_BxC, mask_BxC = np.asarray(ids_BxC), np.asarray(mask_BxC)
+    shown, n = self.shown, self.shown.tokens_per_image
+    images_B = np.sum((ids_BxC == shown.image_id) & (mask_BxC > 0), axis=1) // n
+    if images_B.max(initial=0) > self.per_prompt:
+      raise ValueError(f"a prompt shows {images_B.max()} images, more than {self.per_prompt}")
+    # A row's images are its last turns' frames: turns turn - n_b + 1 .. turn (1-based).
+    turn_BxJ = (turn - images_B)[:, None] + np.arange(self.per_prompt)[None]
+    features_BxJIxD = _gather(self.kept_KxBxIxD, np.clip(turn_BxJ, 0, turn - 1).astype(np.int32))
+    positions_3xBxC, rope_delta_B = mrope.rope_index(
+        ids_BxC,
+        mask_BxC,
+        np.repeat(shown.grid_1x3, int(images_B.sum()), axis=0),
+        image_token_id=shown.image_id,
+        spatial_merge_size=config.vision.spatial_merge_size,
+    )
+    return sampling.ChunkImages(features_BxJIxD, positions_3xBxC, rope_delta_B)
+
+
+@functools.partial(jax.jit, donate_argnames=("kept_KxBxIxD",))
+def _keep(kept_KxBxIxD, new_BxIxD, k):
+  return kept_KxBxIxD.at[k].set(new_BxIxD)
+
+
+@jax.jit
+def _gather(kept_KxBxIxD, turn_BxJ):
+  """[B, J * I, D]: row b's kept features of turns turn_BxJ[b], one after the other."""
+  b = turn_BxJ.shape[0]
+  picked_BxJxIxD = kept_KxBxIxD[turn_BxJ, jnp.arange(b)[:, None]]
+  return picked_BxJxIxD.reshape(b, -1, picked_BxJxIxD.shape[-1])
 
 
 @functools.lru_cache(maxsize=None)

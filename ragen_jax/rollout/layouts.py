@@ -39,12 +39,7 @@ def make(config, tokenizer, env, shown=None):
   shown = images.TextTurns(tokenizer) if shown is None else shown
   if config.window is None:
     return FullContext(tokenizer, config, shown)
-  if shown.vision_ids:
-    raise ValueError(
-        f"rollout.context_window={config.context_window!r} does not show images yet; "
-        "an environment seen as images plays with context_window='full'"
-    )
-  return windows.Window(config.window, tokenizer, config, windows.memory_hook(env))
+  return windows.Window(config.window, tokenizer, config, windows.memory_hook(env), shown)
 
 
 class FullContext:

@@ -132,21 +132,27 @@ class ModelPolicy:
 
   def start(self, engine) -> "ModelTurns":
     rows = Rows(*engine.rows, engine.batch_size, engine.sharder)
-    return ModelTurns(self.model, engine.capacity, rows, engine.layout, engine.shown)
+    turns = ModelTurns(self.model, engine.capacity, rows, engine.layout)
+    # A chunk shows its turn's image and, in a window, the k kept turns' (rollout.images).
+    window, max_turns = engine.layout.window, engine.config.max_turns
+    per_prompt = 1 if window is None else min(window + 1, max_turns)
+    turns.images = engine.shown.start(turns.model_inputs, rows.total, max_turns, per_prompt)
+    if rows.split and engine.shown.vision_ids:
+      raise ValueError("a rollout with images plays on one process")
+    turns.vision_ids = engine.shown.vision_ids
+    return turns
 
 
 class ModelTurns:
   """The model's play of one batch: it owns the batch's KV cache, which the context layout
   (rollout.layouts) grows turn by turn or reopens each turn."""
 
-  def __init__(self, model: models.Qwen2, capacity: int, rows: Rows, layout, shown=None):
+  def __init__(self, model: models.Qwen2, capacity: int, rows: Rows, layout):
     self.graphdef, self.params = nnx.split(model)
-    self.config = model.config
+    self.model_inputs = (self.graphdef, self.params, model.config)
     self.capacity, self.rows, self.layout = capacity, rows, layout
-    # What turns show beside text (rollout.images); images need the whole batch on this host.
-    self.shown = images.TextTurns(None) if shown is None else shown
-    if self.shown.vision_ids and rows.split:
-      raise ValueError("a rollout with images plays on one process")
+    # The images the turns show (rollout.images; ModelPolicy.start sets them): none by default.
+    self.images, self.vision_ids = images.TextTurns(None), ()
     self.cache = models.init_cache(model.config, rows.total, capacity)
     self._system_cache = None  # window layouts: the system message's slots
     if rows.sharder is not None:
@@ -159,9 +165,7 @@ class ModelTurns:
         self.rows.to_global(x) for x in (inputs.ids_BxC, inputs.mask_BxC, inputs.active_B)
     )
     ids_BxC, mask_BxC = self.layout.ready_cache(self, inputs, ids_BxC, mask_BxC, active_B)
-    chunk_images = self.shown.chunk(
-        (self.graphdef, self.params, self.config), inputs.frames, ids_BxC, mask_BxC
-    )
+    chunk_images = self.images.chunk(inputs.turn, inputs.frames, ids_BxC, mask_BxC)
     # The context check guarantees the fit; extend() raises loudly otherwise.
     window = sampling.window_for(
         int(self.cache.end_index) + ids_BxC.shape[1] + options.max_new_tokens,
@@ -188,7 +192,7 @@ class ModelTurns:
       self.cache = sampling.compact(self.cache, jnp.asarray(active_B))
     elif not self.rows.split:  # a split batch's other rows are not on this host to compare
       shared = split_shared_prefix(
-          ids_BxC, mask_BxC, active_B, inputs.options.pad_id, stop_ids=self.shown.vision_ids
+          ids_BxC, mask_BxC, active_B, inputs.options.pad_id, stop_ids=self.vision_ids
       )
       if shared is not None:
         prefix_1xP, prefix_mask_1xP, ids_BxC, mask_BxC = shared

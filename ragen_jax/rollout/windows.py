@@ -15,7 +15,9 @@ turn (`context_truncated`), as in full mode.
 
 The KV cache is rebuilt every turn: the system message's slots, prefilled once per batch when
 every episode shares it (else once per episode, `policies.ModelTurns`), are copied into an empty
-cache and each row's rest of the prompt is prefilled after them. Its size is the window's, not
+cache and each row's rest of the prompt is prefilled after them. The images of the turns shown
+(an environment seen as images) come back from the features kept when each was first shown
+(rollout.images): the vision tower runs once per frame. Its size is the window's, not
 the episode's: a 200-turn episode needs the cache of a short one.
 
 Training rows (`RolloutBatch.row_episodes_R`): row b·K + j holds turn j of episode b, exactly the
@@ -56,8 +58,9 @@ def memory_hook(env) -> Optional[Memory]:
 class Window:
   """The system message, the last `k` turns and the current one (see the module doc)."""
 
-  def __init__(self, k: int, tokenizer, config, memory: Optional[Memory]):
+  def __init__(self, k: int, tokenizer, config, memory: Optional[Memory], shown):
     self.window, self.tok, self.config, self.memory = k, tokenizer, config, memory
+    self.shown = shown  # encodes text and the images it marks (rollout.images)
 
   def system_prefix(self, ep) -> List[int]:
     """The tokens of the episode's system message alone (the prefix its prompts share), or none
@@ -73,7 +76,7 @@ class Window:
     stops before it (None)."""
     c = self.config
     shown = self._fit(ep, user)
-    own = self.tok.encode(prompts.user_message(user, c.enable_think))
+    own = self.shown.encode(prompts.user_message(user, c.enable_think))
     if shown is None or len(own) > c.max_turn_tokens:
       if turn == 1:
         raise ValueError(
@@ -106,7 +109,7 @@ class Window:
       messages.append({"role": "user", "content": user})
       if text:
         messages[1]["content"] = f"{text}\n{messages[1]['content']}"
-      ids = tok.encode(tok.apply_chat_template(messages, True, ep.tool_schemas) + prefix)
+      ids = self.shown.encode(tok.apply_chat_template(messages, True, ep.tool_schemas) + prefix)
       if len(ids) + c.max_new_tokens <= c.max_context:
         return TurnPrompt(ids[len(ep.prefix) :], ids, len(ids), start, text)
     return None
