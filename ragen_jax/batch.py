@@ -49,3 +49,6 @@ class RolloutBatch:
   turns: TurnBatch | None = None  # per-turn records (the rollout always fills them)
   row_episodes_R: jax.Array | None = None  # int32, the episode of each row (window modes);
   # None: row b is episode b
+  # Qwen2.5-VL (an environment seen as images, rollout.images): uint8 [B, N, H, W, 3], each
+  # row's frames in the order its image tokens show them; frames past a row's images are unused.
+  frames_BxNxHxWx3: jax.Array | None = None

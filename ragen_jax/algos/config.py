@@ -87,6 +87,8 @@ class PPOConfig:
     filter_*: StarPO-S rollout filter (filtering.filter_groups); top_p 1.0 with include_zero
       keeps everything (RAGEN's default).
     vocab_chunk: vocabulary chunk of the log-prob / entropy computation.
+    train_vision_tower: Qwen2.5-VL: the update trains the vision tower too (default: frozen,
+      no gradient reaches it and the optimizer leaves it as it is, weight decay included).
   """
 
   adv_estimator: Annotated[str, OneOf(ADV_ESTIMATORS)] = "gae"
@@ -134,6 +136,7 @@ class PPOConfig:
   filter_prob_mode: Annotated[str, OneOf(("linear", "softmax"))] = "linear"
   filter_eps: NonNegativeFloat = 0.01
   vocab_chunk: PositiveInt = 8192
+  train_vision_tower: bool = False
 
   def __post_init__(self):
     check_fields(self, "ppo")

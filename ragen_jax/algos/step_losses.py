@@ -21,15 +21,29 @@ from ragen_jax.models import lora
 
 
 def policy_forward(
-    graph, params, tokens_BxT, attn_BxT, spec: StepSpec, with_entropy, mask_BxT=None, width=None
+    graph,
+    params,
+    tokens_BxT,
+    attn_BxT,
+    spec: StepSpec,
+    with_entropy,
+    mask_BxT=None,
+    width=None,
+    frames=None,
 ):
   """(logp_BxT, entropy_BxT, hidden_BxTxD) of a policy with `params`.
 
   With `width` (R) the log-probs and entropies are computed at the R first positions of
-  `mask_BxT` in each row and are 0 elsewhere (`logprobs.response_positions`).
+  `mask_BxT` in each row and are 0 elsewhere (`logprobs.response_positions`). `frames`: each
+  row's images (`RolloutBatch.frames_BxNxHxWx3`), spliced into its image tokens.
   """
   model = graph.merge(params)
-  hidden_BxTxD, _ = model.backbone(tokens_BxT, attn_BxT)
+  if frames is None:
+    hidden_BxTxD, _ = model.backbone(tokens_BxT, attn_BxT)
+  else:
+    hidden_BxTxD, _ = model.frames_backbone(
+        tokens_BxT, attn_BxT, frames, spec.cfg.train_vision_tower
+    )
   w_DxV = model.unembed_kernel().astype(hidden_BxTxD.dtype)
   positions = None if width is None else response_positions(mask_BxT, width)
   logp_BxT, entropy_BxT = sequence_logprobs(
@@ -107,6 +121,7 @@ def micro_grads(spec: StepSpec, actor_params, critic_params, mb: UpdateData):
         cfg.entropy_coeff > 0,
         mb.mask_BxT,
         spec.width,
+        mb.frames_BxNxHxWx3,
     )
     loss, metrics = actor_terms(cfg, logp_BxT, entropy_BxT, mb)
     return critic.add_to_actor_loss(loss, metrics, head, hidden_BxTxD, value_loss)

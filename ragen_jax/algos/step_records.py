@@ -129,6 +129,8 @@ class UpdateData:
   # Rollout-correction weights of the policy loss (losses.rollout_correction_weights); None
   # when ppo.rollout_correction is "none".
   pg_weights_BxT: jax.Array | None = None
+  # Qwen2.5-VL: each row's frames (RolloutBatch.frames_BxNxHxWx3); None without images.
+  frames_BxNxHxWx3: jax.Array | None = None
 
 
 class Learner(NamedTuple):

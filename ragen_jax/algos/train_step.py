@@ -106,6 +106,7 @@ def _permute_rows(batch, perm_R):
       logprobs_BxT=rows(batch.logprobs_BxT),
       token_rewards_BxT=rows(batch.token_rewards_BxT),
       row_episodes_R=rows(batch.row_episodes_R),
+      frames_BxNxHxWx3=None if batch.frames_BxNxHxWx3 is None else rows(batch.frames_BxNxHxWx3),
       turns=batch.turns.replace(token_turns_BxT=rows(batch.turns.token_turns_BxT)),
   )
 
@@ -120,13 +121,21 @@ def old_pass(
   """
   cfg = spec.cfg
 
-  def forward(tokens_UxT, attn_UxT, mask_UxT):
+  def forward(tokens_UxT, attn_UxT, mask_UxT, frames_U):
     logp, ent, hidden = policy_forward(
-        spec.actor, state.actor_params, tokens_UxT, attn_UxT, spec, True, mask_UxT, spec.width
+        spec.actor,
+        state.actor_params,
+        tokens_UxT,
+        attn_UxT,
+        spec,
+        True,
+        mask_UxT,
+        spec.width,
+        frames_U,
     )
     values = spec.critic.values(state.critic_params, tokens_UxT, attn_UxT, hidden)
     score = lambda graph, params: policy_forward(
-        graph, params, tokens_UxT, attn_UxT, spec, False, mask_UxT, spec.width
+        graph, params, tokens_UxT, attn_UxT, spec, False, mask_UxT, spec.width, frames_U
     )[0]
     ref_logp = teacher_logp = None
     if cfg.use_kl_loss:
@@ -145,8 +154,8 @@ def old_pass(
     )
 
   def forward_if_kept(chunk):
-    tokens_UxT, attn_UxT, mask_UxT, keep_U = chunk
-    args = (tokens_UxT, attn_UxT, mask_UxT)
+    tokens_UxT, attn_UxT, mask_UxT, keep_U, frames_U = chunk
+    args = (tokens_UxT, attn_UxT, mask_UxT, frames_U)
     zeros = lambda: jax.tree.map(jnp.zeros_like, jax.eval_shape(forward, *args))
     return lax.cond(jnp.any(keep_U), lambda: forward(*args), zeros)
 
@@ -159,6 +168,9 @@ def old_pass(
           sel.attn_BxT.reshape(chunks, chunk_size, -1),
           sel.mask_BxT.reshape(chunks, chunk_size, -1),
           sel.keep_B.reshape(chunks, chunk_size),
+          jax.tree.map(  # None without images
+              lambda x: x.reshape((chunks, chunk_size) + x.shape[1:]), sel.batch.frames_BxNxHxWx3
+          ),
       ),
   )
   return jax.tree.map(lambda x: lax.stop_gradient(x.reshape(b, -1)), old)
@@ -287,6 +299,7 @@ def update_data(cfg: PPOConfig, sel: Selection, old: OldPass, adv: Advantages) -
       returns_BxT=adv.returns_BxT if with_values else None,
       ref_logp_BxT=old.ref_logp_BxT,
       pg_weights_BxT=pg_weights_BxT,
+      frames_BxNxHxWx3=sel.batch.frames_BxNxHxWx3,
   )
 
 
@@ -320,8 +333,12 @@ def _minibatch(spec: StepSpec, data: UpdateData, skipped, learner: Learner, idx_
 
   def apply(learner, a_grads, c_grads):
     trainable, frozen = lora.partition(learner.actor_params)
-    trainable, actor_opt = optimizer_step(spec.actor_tx, a_grads, learner.actor_opt, trainable)
-    actor_params = lora.combine(trainable, frozen)
+    stepped, actor_opt = optimizer_step(spec.actor_tx, a_grads, learner.actor_opt, trainable)
+    if "visual" in trainable and not spec.cfg.train_vision_tower:
+      # A frozen vision tower gets no gradient (step_losses) and keeps its weights: AdamW's
+      # decoupled weight decay would otherwise shrink them.
+      stepped = {**stepped, "visual": trainable["visual"]}
+    actor_params = lora.combine(stepped, frozen)
     critic_params, critic_opt = critic.apply(
         spec.critic_tx, c_grads, learner.critic_opt, learner.critic_params
     )

@@ -11,9 +11,12 @@ A row's positions therefore run ahead of (or behind) its count of real tokens by
 the last position + 1 minus that count: the position of the next token, whatever it is, is the
 count of real tokens before it plus the delta. The decoder keeps the delta in its KV cache
 (`KVCache.rope_delta_B`) and offsets a later chunk's positions by it, so a chunk's positions are
-computed from 0 on its own. Dimension legend: B rows, T tokens, N images.
+computed from 0 on its own. `fixed_grid_positions` gives the same positions in jax.numpy for
+images of one grid (an environment's frames), from the ids on the device. Dimension legend: B
+rows, T tokens, N images.
 """
 
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -78,3 +81,25 @@ def rope_index(
   if used != len(grids):
     raise ValueError(f"{len(grids)} image grids given, {used} images in the ids")
   return positions_3xBxT.astype(np.int32), rope_delta_B.astype(np.int32)
+
+
+def fixed_grid_positions(ids_BxT, mask_BxT, *, image_token_id: int, rows: int, cols: int):
+  """`rope_index`'s positions, in jax.numpy (jit-able), when every image is one frame of the
+  same `rows` x `cols` grid of image tokens: int32 [3, B, T] (padding 0).
+
+  A text token sits at its count of real text tokens before it plus max(rows, cols) per image
+  before it; the j-th token of an image starting at p at (p, p + j // cols, p + j % cols).
+  """
+  real_BxT = mask_BxT > 0
+  image_BxT = real_BxT & (ids_BxT == image_token_id)
+  text_BxT = real_BxT & ~image_BxT
+  n = rows * cols
+  seen_BxT = jnp.cumsum(image_BxT, axis=1, dtype=jnp.int32) - image_BxT  # image tokens before
+  text_before_BxT = jnp.cumsum(text_BxT, axis=1, dtype=jnp.int32) - text_BxT
+  # Before a text token, whole images; within an image, its index j past the image's start.
+  start_BxT = text_before_BxT + (seen_BxT // n) * max(rows, cols)
+  j_BxT = seen_BxT % n
+  t_BxT = start_BxT
+  h_BxT = jnp.where(image_BxT, start_BxT + j_BxT // cols, start_BxT)
+  w_BxT = jnp.where(image_BxT, start_BxT + j_BxT % cols, start_BxT)
+  return jnp.where(real_BxT[None], jnp.stack([t_BxT, h_BxT, w_BxT]), 0).astype(jnp.int32)

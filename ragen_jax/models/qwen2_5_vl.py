@@ -22,11 +22,14 @@ Dimension legend: B batch, T tokens, P patches, C values per patch, N images, I 
 D model dim, V vocab.
 """
 
+import functools
+
 from flax import nnx
 from flax import struct
 import jax
 import numpy as np
 
+from ragen_jax import vision as image_prep
 from ragen_jax.models import mrope
 from ragen_jax.models import vision
 from ragen_jax.models.config import ModelConfig
@@ -90,6 +93,12 @@ def prepare_images(
   )
 
 
+@functools.lru_cache(maxsize=None)
+def _frames_layout(grid: tuple, n: int, v) -> vision.PatchLayout:
+  """The patch layout of n images of one grid (host constants of a jitted forward)."""
+  return vision.patch_layout(np.asarray([grid] * n), v)
+
+
 class Qwen2_5_VL(Qwen2):
   """Qwen2.5-VL: `model(ids_BxT, mask_BxT, images=...)` -> float32 logits_BxTxV.
 
@@ -106,6 +115,43 @@ class Qwen2_5_VL(Qwen2):
     """features_IxD of the images, in config.dtype: what the image tokens become."""
     return self.visual(
         images.pixel_values_PxC, images.patch_hw_2xP, images.patch_frame_P, images.patch_window_P
+    )
+
+  def frame_features(self, frames_NxHxWx3) -> jax.Array:
+    """features [N, I, D] of N uint8 frames of one size that needs no resizing, preprocessed
+    here (`ragen_jax.vision.preprocess`'s jnp path; jit-able, the patch layout a constant)."""
+    n = frames_NxHxWx3.shape[0]
+    pixels_PxC, grid_Nx3 = image_prep.preprocess(frames_NxHxWx3)
+    layout = _frames_layout(tuple(int(x) for x in grid_Nx3[0]), n, self.config.vision)
+    features_IxD = self.visual(pixels_PxC, *layout)
+    return features_IxD.reshape(n, -1, features_IxD.shape[-1])
+
+  def frames_backbone(self, input_ids_BxT, attention_mask_BxT, frames_BxNxHxWx3, train_tower):
+    """Final-normed hidden states (and None) of rows whose k-th image is their k-th frame
+    (frames past a row's images are ignored), M-RoPE positions from the ids on the device
+    (`mrope.fixed_grid_positions`); without `train_tower` no gradient reaches the tower."""
+    b, n = frames_BxNxHxWx3.shape[:2]
+    features_BNxIxD = self.frame_features(
+        frames_BxNxHxWx3.reshape((b * n,) + frames_BxNxHxWx3.shape[2:])
+    )
+    if not train_tower:
+      features_BNxIxD = jax.lax.stop_gradient(features_BNxIxD)
+    features_BxJxD = features_BNxIxD.reshape(b, -1, features_BNxIxD.shape[-1])
+    m = self.config.vision.spatial_merge_size
+    h, w = frames_BxNxHxWx3.shape[2:4]
+    patch = self.config.vision.patch_size
+    positions_3xBxT = mrope.fixed_grid_positions(
+        input_ids_BxT,
+        attention_mask_BxT,
+        image_token_id=self.config.vision.image_token_id,
+        rows=h // patch // m,
+        cols=w // patch // m,
+    )
+    return self.decoder(
+        input_ids_BxT,
+        attention_mask_BxT,
+        image_features_IxD=features_BxJxD,
+        positions_BxT=positions_3xBxT,
     )
 
   def _image_arguments(self, images: ImageInputs | None) -> dict:

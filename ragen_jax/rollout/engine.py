@@ -212,6 +212,9 @@ class Rollout:
     result.frames_KxBxHxWx3 = self.shown.stack(  # pylint: disable=assignment-from-none
         frames_by_turn
     )
+    result.batch = self.shown.attach(
+        result.batch, result.frames_KxBxHxWx3, self.layout.row_turns(eps, c.max_turns)
+    )
     total = time.perf_counter() - t_start
     host = total - timing["decode_s"] - timing["env_s"]
     result.summary.update(timing, total_s=total, host_s=host)

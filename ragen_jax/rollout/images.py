@@ -42,7 +42,6 @@ import numpy as np
 from ragen_jax import sampling
 from ragen_jax import vision
 from ragen_jax.models import mrope
-from ragen_jax.models import vision as tower
 
 MARK = "<image>"  # where the image sits in a message's text (never encoded)
 VISION_START, VISION_END, IMAGE_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"
@@ -84,6 +83,10 @@ class TextTurns:
     del frames_by_turn
     return None
 
+  def attach(self, batch, frames, row_turns):
+    del frames, row_turns
+    return batch
+
 
 class ImageTurns:
   """Each user message opens with the environment's current frame (module doc)."""
@@ -115,8 +118,8 @@ class ImageTurns:
     """uint8 [B, H, W, 3]: every row's current state drawn, on the device."""
     return self._render(envs.device_states)
 
-  def layout(self, config, b: int) -> tower.PatchLayout:
-    """Where the patches of B frames sit (host constants, the same every turn)."""
+  def check(self, config) -> None:
+    """Raises unless the model takes these frames' images."""
     v = config.vision
     if v is None:
       raise ValueError(
@@ -129,7 +132,6 @@ class ImageTurns:
         ic.temporal_patch_size,
     ):
       raise ValueError(f"the model's vision config {v} does not match the preprocessing {ic}")
-    return _layout(tuple(self.grid_1x3[0]), b, v)
 
   def start(self, model_inputs, b: int, max_turns: int, per_prompt: int) -> "FrameFeatures":
     """The features of one batch's frames, played by the model of `model_inputs`
@@ -140,13 +142,30 @@ class ImageTurns:
     """uint8 [K, B, H, W, 3]: the frames of the K turns played (on the device)."""
     return jnp.stack(frames_by_turn) if frames_by_turn else None
 
+  def attach(self, batch, frames_KxBxHxWx3, row_turns):
+    """`batch` with each row's frames (`RolloutBatch.frames_BxNxHxWx3`), gathered on the
+    device: row r shows the frames of its episode's turns `row_turns[r]` = (episode, turns).
+    N is the most any row shows (1 at least); a row's frames past its own repeat its last."""
+    if frames_KxBxHxWx3 is None:  # no turn was played
+      return batch
+    n = max([len(turns) for _, turns in row_turns] + [1])
+    turn_RxN = np.zeros((len(row_turns), n), np.int32)
+    episode_R = np.zeros((len(row_turns),), np.int32)
+    for r, (episode, turns) in enumerate(row_turns):
+      turns = list(turns) or [0]
+      turn_RxN[r] = turns + [turns[-1]] * (n - len(turns))
+      episode_R[r] = episode
+    frames = frames_KxBxHxWx3[turn_RxN, episode_R[:, None]]
+    return batch.replace(frames_BxNxHxWx3=frames)
+
 
 class FrameFeatures:
   """One batch's image features, a slot per turn, and the chunks that show them (module doc)."""
 
   def __init__(self, shown: ImageTurns, model_inputs, b: int, max_turns: int, per_prompt: int):
+    shown.check(model_inputs[2])
+    del b  # every chunk's frames are the batch's
     self.shown, self.model_inputs = shown, model_inputs
-    self.patches = shown.layout(model_inputs[2], b)
     self.max_turns, self.per_prompt = max_turns, per_prompt
     self.kept_KxBxIxD = None  # made on the first turn, in the tower's dtype
 
@@ -154,7 +173,7 @@ class FrameFeatures:
     """Turn `turn`'s chunk's images: this turn's frames through the tower (kept), each row's
     images gathered from the kept turns, and the chunk's positions."""
     graphdef, params, config = self.model_inputs
-    new_BxIxD = frame_features(graphdef, params, frames_BxHxWx3, *self.patches)
+    new_BxIxD = frame_features(graphdef, params, frames_BxHxWx3)
     if self.kept_KxBxIxD is None:
       self.kept_KxBxIxD = jnp.zeros((self.max_turns,) + new_BxIxD.shape, new_BxIxD.dtype)
     self.kept_KxBxIxD = _keep(self.kept_KxBxIxD, new_BxIxD, turn - 1)
@@ -189,16 +208,7 @@ def _gather(kept_KxBxIxD, turn_BxJ):
   return picked_BxJxIxD.reshape(b, -1, picked_BxJxIxD.shape[-1])
 
 
-@functools.lru_cache(maxsize=None)
-def _layout(grid: Tuple[int, int, int], b: int, v) -> tower.PatchLayout:
-  return tower.patch_layout(np.asarray([grid] * b), v)
-
-
 @functools.partial(jax.jit, static_argnames=("graphdef",))
-def frame_features(graphdef, params, frames_BxHxWx3, patch_hw_2xP, patch_frame_P, patch_window_P):
-  """float [B, I, D]: the vision tower's features of each row's frame (preprocessed here)."""
-  model = nnx.merge(graphdef, params)
-  b = frames_BxHxWx3.shape[0]
-  pixels_PxC, _ = vision.preprocess(frames_BxHxWx3)
-  features_IxD = model.visual(pixels_PxC, patch_hw_2xP, patch_frame_P, patch_window_P)
-  return features_IxD.reshape(b, -1, features_IxD.shape[-1])
+def frame_features(graphdef, params, frames_BxHxWx3):
+  """float [B, I, D]: the vision tower's features of each row's frame (preprocessed there)."""
+  return nnx.merge(graphdef, params).frame_features(frames_BxHxWx3)

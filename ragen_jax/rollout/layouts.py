@@ -90,6 +90,11 @@ class FullContext:
   def shown_messages(self, ep):
     return ep.messages
 
+  def row_turns(self, eps, k: int):
+    """(episode, turns shown) of each training row: every turn of the episode's sequence."""
+    del k
+    return [(i, range(len(ep.turns))) for i, ep in enumerate(eps)]
+
   def rows(self, eps, k: int, pad_id: int, failed: np.ndarray, use_turn_scores: bool):
     """One left-padded row per episode: ({name: [B, T]}, token_turns_BxT, None)."""
     del k  # a sequence holds every turn

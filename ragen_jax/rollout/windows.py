@@ -128,6 +128,15 @@ class Window:
     start = max(0, len(ep.turns) - self.window)
     return ep.messages[:1] + ep.messages[1 + 2 * start :]
 
+  def row_turns(self, eps, k: int):
+    """(episode, turns shown) of each training row: row i·K + j shows turns shown_from..j of
+    episode i (none for a turn not played)."""
+    out = [(i, range(0)) for i in range(len(eps)) for _ in range(k)]
+    for i, ep in enumerate(eps):
+      for j, turn in enumerate(ep.turns):
+        out[i * k + j] = (i, range(turn.shown_from, j + 1))
+    return out
+
   def rows(self, eps, k: int, pad_id: int, failed: np.ndarray, use_turn_scores: bool):
     """A row per turn: ({name: [R, T] array}, token_turns_RxT, row_episodes_R).
 

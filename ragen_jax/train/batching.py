@@ -57,10 +57,24 @@ def join_batches(batches: List[RolloutBatch], pad_multiple: int, pad_id: int) ->
     offset += int(np.max(np.asarray(b.group_ids_B))) + 1
     episodes += len(b.group_ids_B)
   joined = RolloutBatch(**{k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
+  joined = joined.replace(frames_BxNxHxWx3=_join_frames([b.frames_BxNxHxWx3 for b in batches]))
   if any(b.turns is None for b in batches):
     return joined
   turns = [_pad_turns(b.turns, width, k) for b in batches]
   return joined.replace(turns=jax.tree.map(lambda *xs: np.concatenate(xs), *turns))
+
+
+def _join_frames(frames):
+  """The batches' row frames (RolloutBatch.frames_BxNxHxWx3) as one array, N the most of any;
+  None when no batch has images."""
+  if all(f is None for f in frames):
+    return None
+  if any(f is None for f in frames):
+    raise ValueError("batches of one training step mix environments seen as images and as text")
+  n = max(f.shape[1] for f in frames)
+  # A row's frames past its own are unused: repeat the last.
+  grow = lambda f: np.concatenate([f] + [f[:, -1:]] * (n - f.shape[1]), axis=1)
+  return np.concatenate([grow(np.asarray(f)) for f in frames])
 
 
 def _pad_turns(turns: TurnBatch, width: int, k: int) -> TurnBatch:

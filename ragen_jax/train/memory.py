@@ -6,6 +6,11 @@ Terms (bytes per device, the mesh dividing what it shards):
   optimizer    AdamW's two moments (ppo.moment_dtype) plus the float32 sum of the micro-batches'
                gradients, of what is trained: every parameter, or with LoRA (model.lora.rank > 0)
                the adapters
+  vision       a Qwen2.5-VL's vision tower (replicated, in the parameters' dtype) and, with
+               full fine-tuning, its moments and float32 gradient sum (zeros while the tower is
+               frozen, `ppo.train_vision_tower` off: the optimizer's tree holds it all the same);
+               0 for a text model. The frames a batch carries (uint8) and the tower's forward
+               over a micro-batch's frames are small beside the decoder's terms, not counted
   critic       the separate critic's parameters, moments and gradient (0 for GRPO / shared)
   reference    the frozen reference policy, in the parameters' dtype (only with the KL loss; 0
                with LoRA, whose reference is the actor's own base weights)
@@ -57,6 +62,7 @@ from ragen_jax import models
 from ragen_jax.models import attention
 from ragen_jax.models import lora
 from ragen_jax.models import qwen2
+from ragen_jax.models.vision_config import vision_params
 
 GIB = 2.0**30
 # Bytes per score XLA's attention computes (a query and a key of its block's prefix), per layer
@@ -137,6 +143,8 @@ def estimate(
   n_trained = n_lora if lora_config is not None else n_param
   # Adapters are float32 whatever param_dtype (models/lora.py).
   out = {"params": n_param * pbytes + n_lora * 4.0, "optimizer": n_trained * opt_bytes}
+  n_vision = 0 if c.vision is None else vision_params(c.vision, c.hidden_size)
+  out["vision"] = n_vision * (pbytes + (opt_bytes if lora_config is None else 0.0))
   separate = ppo.uses_critic and ppo.critic == "separate"
   # A separate critic, copied from the policy with its adapters, trains every weight.
   critic_bytes = n_param * pbytes + n_lora * 4.0 + (n_param + n_lora) * opt_bytes
