@@ -67,6 +67,7 @@ _LONG_FILES = (
 )
 _EARLY_FILES = (
     "train_lora_test.py",
+    "train_visual_test.py",
     "experiments_gpu_learn_test.py",
     "rollout_windows_test.py",
     "api_policy_test.py",

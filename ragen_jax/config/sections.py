@@ -41,6 +41,10 @@ CPU_SCALE = {
 ENV_DEFAULTS = {
     "sokoban": dict(render_format="grid_coord", max_actions_per_traj=10, max_tokens_hint=120),
     "frozenlake": dict(render_format="grid_coord", max_actions_per_traj=10, max_tokens_hint=100),
+    # The same games seen as images (rollout.images): each turn's frame opens its user message;
+    # the text keeps the grid, so a policy may read either.
+    "visual_sokoban": dict(render_format="grid", max_actions_per_traj=10, max_tokens_hint=120),
+    "visual_frozenlake": dict(render_format="grid", max_actions_per_traj=10, max_tokens_hint=100),
     # Validation keeps the training names: a model trained from scratch knows nothing of unseen
     # names (RAGEN validates on BanditTest).
     "bandit": dict(render_format="grid", max_actions_per_traj=1, max_tokens_hint=100),

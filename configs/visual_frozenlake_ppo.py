@@ -1,0 +1,25 @@
+"""Visual FrozenLake (4x4, slippery, drawn as 56x56 images: 4 image tokens a turn) with GRPO, a tiny
+Qwen2.5-VL (`tiny-vl`) trained from scratch on the CPU.
+
+  python launch.py --config=configs/visual_frozenlake_ppo.py[:smoke]
+
+Each turn's prompt carries that turn's frame (rollout.images); the update splices the same
+frames (the tower frozen: ppo.train_vision_tower). With a Qwen2.5-VL checkpoint (not reachable
+from this project's machines, so not run here): `--config.model.checkpoint=DIR
+--config.model.tokenizer=qwen2.5 --config.model.dtype=bfloat16`. Values marked "CPU:" differ
+from RAGEN's for a tiny model on 2 cores.
+"""
+
+from ragen_jax.config import sections as cs
+
+
+def get_config(arg=None):
+  return cs.experiment(
+      arg,
+      # CPU: RAGEN 8 / 512 groups
+      envs=dict(visual_frozenlake=cs.env("visual_frozenlake", train_groups=4, val_groups=64)),
+      model=dict(preset="tiny-vl", warm_start=False),  # from scratch: no text warm start
+      ppo=dict(adv_estimator="grpo", actor_lr=1e-4, num_minibatches=2),  # CPU: RAGEN 1e-6
+      sft=dict(steps=0),
+      trainer=dict(total_steps=40, eval_every=10, save_every=10),
+  )
