@@ -68,6 +68,7 @@ _LONG_FILES = (
 _EARLY_FILES = (
     "train_lora_test.py",
     "train_visual_test.py",
+    "learn_from_pixels_test.py",
     "experiments_gpu_learn_test.py",
     "rollout_windows_test.py",
     "api_policy_test.py",
