@@ -50,6 +50,8 @@ def _score(
       v_LxBxKxSxDh=cache.v_LxBxKxSxDh[:, column_M],
       mask_BxS=cache.mask_BxS[column_M],
       end_index=cache.end_index,
+      # A Qwen2.5-VL cache's rope delta goes with its rows (0 for text prompts).
+      rope_delta_B=None if cache.rope_delta_B is None else cache.rope_delta_B[column_M],
   )
   hidden_MxCxD, _ = model.backbone(chunk_MxC, chunk_mask_MxC, cache=rows)
   kernel_DxV = model.unembed_kernel().astype(model.config.dtype)

@@ -36,6 +36,10 @@ before that turn (never mid-turn) and `context_truncated` is 1 for it. With a co
 last k turns and the current one instead, prefilled after the cached system slots into an
 emptied cache, and the batch holds one row per turn.
 
+Images (rollout.images): an environment that draws its states shows each turn's frame at the
+start of the user message to a Qwen2.5-VL policy; the frames are drawn, preprocessed and run
+through the vision tower on the device, and the batch carries each row's frames for the update.
+
 Answers: with an action vocabulary, answer words are matched to it ignoring case and the
 environment receives the canonical names; without one (free text) the answer, special tokens
 stripped and trimmed, goes to `step` as written (split on the separator only when the

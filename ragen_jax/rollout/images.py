@@ -7,6 +7,7 @@
     frames_BxHxWx3 = shown.frames(envs)   # every row's frame, rendered on the device, or None
     play = shown.start(model_inputs, b, max_turns, per_prompt)   # one batch's (a model's) play
     play.chunk(turn, frames_BxHxWx3, ids_BxC, mask_BxC)          # sampling.ChunkImages, or None
+    shown.attach(batch, frames_KxBxHxWx3, layout.row_turns(eps, k))  # each training row's frames
 
 An image is Qwen2.5-VL's block `<|vision_start|>` + n x `<|image_pad|>` + `<|vision_end|>`,
 opening the user's message (after the reward text of the last turn). Its ids come from the
