@@ -19,6 +19,7 @@ from ragen_jax import models
 from ragen_jax import rollout
 from ragen_jax import tokenizers
 from ragen_jax import vision
+from ragen_jax.diagnostics import collapse
 from ragen_jax.diagnostics import prompt_images
 from ragen_jax.diagnostics import scoring
 from ragen_jax.diagnostics import turns as turns_lib
@@ -80,6 +81,40 @@ def test_columns_carry_the_frames_their_prompts_show(step):
   assert isinstance(prompt_images.of_results(text), prompt_images.NoFrames)
   with pytest.raises(ValueError, match="mixes"):
     prompt_images.of_results({**results, **text})
+
+
+def test_compute_scores_each_family_with_its_columns_frames(step, monkeypatch):
+  """The trainer's route (`compute(..., frames=step_frames(results))`), the scoring stubbed: each
+  family's columns reach it with their own frames, and the frames split token-identical ones."""
+  results, frames = step
+  seen = []
+
+  def fake_scoring(model, reasonings, prompts, **kwargs):
+    del model
+    seen.append((len(prompts), kwargs["images"]))
+    # Own column highest: with merged identical columns retrieval could not tell them apart.
+    logp = np.where(np.eye(len(reasonings), len(prompts)) > 0, -1.0, -50.0)
+    return logp, np.ones(len(reasonings), np.int32)
+
+  monkeypatch.setattr(scoring, "cross_logprobs", fake_scoring)
+  cfg = collapse.CollapseConfig(num_samples=2, multi_turn_samples=3)
+  turns = turns_lib.collect_turns(results, TOK)
+  m, _ = collapse.compute(
+      None,
+      turns,
+      cfg,
+      np.random.default_rng(0),
+      {},
+      pad_id=TOK.pad_id,
+      frames=prompt_images.of_results(results),
+  )
+  assert len(seen) == 2  # first turn, multi-turn
+  (p_first, first), (p_multi, multi) = seen[0], seen[1]
+  assert p_first == 2 and isinstance(first, prompt_images.FramePrompts)
+  np.testing.assert_array_equal(np.asarray(first.frames_PxNxHxWx3)[:, 0], frames[0])
+  assert p_multi == 3 and np.asarray(multi.frames_PxNxHxWx3).shape[:2] in ((3, 1), (3, 2))
+  assert m["collapse/first_turn/retrieval_acc_top1"] == 1.0  # two columns, not one id
+  assert m["collapse/first_turn/retrieval_chance_top1"] == 0.5
 
 
 def _log_softmax(logits):
