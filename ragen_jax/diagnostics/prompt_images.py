@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ragen_jax import distributed
+
 Columns = Sequence[Tuple[int, Sequence[int]]]  # (episode, turns shown) of each column
 
 
@@ -64,7 +66,8 @@ class FramePrompts:
 
   def column_ids(self, column_ids_P: np.ndarray) -> np.ndarray:
     """`column_ids_P` (equal for token-identical prompts) split where the frames differ."""
-    frames = np.asarray(jax.device_get(self.frames_PxNxHxWx3))
+    p = self.frames_PxNxHxWx3.shape[0]
+    frames = distributed.local_rows(self.frames_PxNxHxWx3, 0, p)  # whole, on every process
     seen: Dict[Tuple[int, bytes], int] = {}
     return np.array(
         [seen.setdefault((int(c), f.tobytes()), len(seen)) for c, f in zip(column_ids_P, frames)],
