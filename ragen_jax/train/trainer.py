@@ -362,6 +362,7 @@ class Trainer:
           self.host.collapse_ema,
           pad_id=self.tok.pad_id,
           temperature=self.exp.rollout.temperature,
+          frames=diagnostics.step_frames(results),  # a visual environment's prompts' frames
       )
       metrics.update(mi)
       metrics["timing_s/collapse_metrics"] = time.perf_counter() - tic
