@@ -22,6 +22,7 @@ import transformers
 from ragen_jax import models
 from ragen_jax.models import layers
 from ragen_jax.models import mrope
+from ragen_jax.models import vision
 from references import hf_logits  # pylint: disable=g-bad-import-order
 
 VOCAB, IMAGE, VIDEO, START, END = 320, 300, 301, 302, 303
@@ -216,6 +217,24 @@ def test_cached_decoding_after_images_matches_transformers(model, conversation):
   np.testing.assert_array_equal(np.asarray(cache.mask_BxS[:, : real.shape[1]]), real)
   np.testing.assert_array_equal(np.asarray(cache.rope_delta_B), c["hf_deltas"])
   assert np.max(np.abs(cached[real] - c["reference"][real])) <= 1e-4
+
+
+def test_same_size_images_attend_per_frame(hf, model):
+  """Three 84x84 images in one call take the per-frame path ([N, Hv, p, p] scores, the window
+  blocks masked to the frame's 4 windows): their features equal three one-image calls' and the
+  masked [P, P] square's (1e-5), and transformers' tower's on the three (1e-4)."""
+  pixels_PxC, grid_Nx3 = _pixels("aaa", seed=4)
+  layout = vision.patch_layout(grid_Nx3, model.config.vision)
+  assert layout.frame_patches == 36 and len(set(layout.window_P.tolist())) == 3 * 4
+  together_IxD = np.asarray(model.visual(pixels_PxC, *layout))
+  one = lambda i: vision.patch_layout(grid_Nx3[i : i + 1], model.config.vision)
+  singles = [model.visual(pixels_PxC[36 * i : 36 * (i + 1)], *one(i)) for i in range(3)]
+  np.testing.assert_allclose(together_IxD, np.concatenate(singles), atol=1e-5, rtol=0)
+  square_IxD = np.asarray(model.visual(pixels_PxC, *layout._replace(frame_patches=0)))
+  np.testing.assert_allclose(together_IxD, square_IxD, atol=1e-5, rtol=0)
+  with torch.no_grad():
+    hf_IxD = hf.model.visual(torch.tensor(pixels_PxC), grid_thw=torch.tensor(grid_Nx3))
+  assert np.max(np.abs(together_IxD - hf_IxD.pooler_output.numpy())) <= 1e-4
 
 
 def test_text_alone_is_the_qwen2_decoder(hf, model):

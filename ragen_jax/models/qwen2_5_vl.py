@@ -43,7 +43,8 @@ class ImageInputs:
 
   Attributes:
     pixel_values_PxC: every image's patches, one after the other (transformers' pixel_values).
-    patch_hw_2xP, patch_frame_P, patch_window_P: where each patch sits (`vision.PatchLayout`).
+    patch_hw_2xP, patch_frame_P, patch_window_P, frame_patches: where each patch sits and
+      how the tower attends (`vision.PatchLayout`; frame_patches static, not an array).
     positions_3xBxT: M-RoPE positions of the tokens, counted from each row's next position.
     rope_delta_B: how far the tokens move each row's next position beyond their count.
   """
@@ -52,6 +53,7 @@ class ImageInputs:
   patch_hw_2xP: jax.Array
   patch_frame_P: jax.Array
   patch_window_P: jax.Array
+  frame_patches: int = struct.field(pytree_node=False)
   positions_3xBxT: jax.Array
   rope_delta_B: jax.Array
 
@@ -115,7 +117,11 @@ class Qwen2_5_VL(Qwen2):
   def image_features(self, images: ImageInputs) -> jax.Array:
     """features_IxD of the images, in config.dtype: what the image tokens become."""
     return self.visual(
-        images.pixel_values_PxC, images.patch_hw_2xP, images.patch_frame_P, images.patch_window_P
+        images.pixel_values_PxC,
+        images.patch_hw_2xP,
+        images.patch_frame_P,
+        images.patch_window_P,
+        images.frame_patches,
     )
 
   def frame_features(self, frames_NxHxWx3) -> jax.Array:

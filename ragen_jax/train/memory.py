@@ -28,10 +28,11 @@ Terms (bytes per device, the mesh dividing what it shards):
                rollout's call over one turn's frames of a batch (the training batch's or a
                validation batch's, the larger), forward only, plus the features the rollout keeps
                for every turn (max_turns x B x I x D); and with `ppo.train_vision_tower` (without
-               LoRA, whose gradient never reaches the tower) that of the update over a micro-batch's U x N frames, every block kept for the backward.
+               LoRA, whose gradient never reaches the tower) that of the update over a
+               micro-batch's U x N frames, every block kept for the backward.
                A frozen tower's update forward ends before the decoder's activations peak. The
-               tower attends over one [P, P] square of the call's P patches (masked to windows
-               and frames), so the scores grow with the square of the frames in a call
+               tower attends per frame (the frames of a call share one size), so the term grows
+               linearly with the frames in a call
   activations  the train step's live activations for one micro-batch of U rows of T tokens
                (rows: episodes, or episodes x max_turns with a context window; T max_context, a
                bound: a run pads its rows to the longest rounded up to trainer.pad_multiple):
@@ -51,15 +52,18 @@ Terms (bytes per device, the mesh dividing what it shards):
                model without. The fused kernels (cuDNN, splash) keep no scores. `remat` takes
                effect under the layer scan only (`qwen2.scans_layers`: unrolled, XLA keeps the
                recomputed layers' internals after all, measured on the tiny model).
-`tower_activations`: per call of P patches (Pq of them this device's queries, frames over
-data x fsdp; the keys every patch of the call), its Hv heads over tensor, besides the float32
-pixel values (Pq x C x 4): forward only, one block's internals (~(4Dv + 2Fv) per patch), one
-float32 score per head, query and key, and two boolean [Pq, P] masks (same frame, same window);
-kept for the backward, every block's internals (~(10Dv + 4Fv) per patch), its scores at 8 + the
-activations' bytes each (the float32 scores and probabilities, and the cast probabilities) and
-its boolean [Pq, P] mask. Fitted to XLA's buffer assignment of the tiny-vl tower's
-forward and gradient on CPU (8-32 frames of 84 and 56 pixels); tests/memory_vision_test.py holds
-the estimate to it.
+`tower_activations`: per call of Pq patches (this device's frames, over data x fsdp, of p
+patches each; a query's keys the p patches of its frame), its Hv heads over tensor, besides the
+float32 pixel values (Pq x C x 4) and one block's weights in the activations' dtype (the layer
+scan's slice, ~Dv(4Dv + 3Fv), over tensor): forward only, one block's internals (~(4Dv + 2Fv) per
+patch), one float32 score per head, query and key, and two boolean [N, p, p] masks (same window,
+and the block's allowed keys); kept for the backward, every block's internals (~(14Dv + 5Fv) per
+patch: with the rotated q and k, their rotary halves and the SwiGLU's gate activation), its
+scores at 8 + the activations' bytes each (the float32 scores and probabilities, and the cast
+probabilities) and its boolean [N, p, p] mask. Fitted to XLA's buffer assignment on CPU (float32)
+of the tiny-vl tower's forward and gradient (4-64 frames of 84 and 56 pixels: forward 0.84-0.90x,
+kept 0.95-1.01x) and of Qwen2.5-VL-3B's (20 and 40 frames of 84 pixels: forward 1.2-1.3x, kept
+1.04x); tests/memory_vision_test.py holds the estimate to the former.
 It is an estimate for choosing micro_batches, remat and the mesh, not an allocator's ledger:
 tests/memory_test.py holds the activations within 25% of XLA's buffer assignment on CPU (the
 tiny model at 512-2048 tokens, SmolLM2-135M with LoRA at 256). Not counted: with full fine-tuning
@@ -128,14 +132,15 @@ def tower_activations(
   """Live bytes on one device of one vision-tower call over `frames` frames of `patches` patches
   each (module doc): forward only, or with every block `kept` for the backward."""
   queries = _sharded(((frames, "batch"),), sharder) * patches
-  keys = frames * patches  # one [P, P] square over the call's patches
+  keys = patches  # attention per frame: [N, Hv, p, p] scores
   heads = _sharded(((v.num_heads, "heads"),), sharder)
   dv, fv = v.hidden_size, v.intermediate_size
   pixels = queries * v.patch_values * 4  # float32 pixel values
+  fixed = pixels + _sharded(((dv * (4 * dv + 3 * fv), "mlp"),), sharder) * abytes
   if kept:
-    block = (10 * dv + 4 * fv) * abytes + keys * (heads * (8 + abytes) + 1)
-    return pixels + v.depth * queries * block
-  return pixels + queries * ((4 * dv + 2 * fv) * abytes + keys * (heads * 4 + 2))
+    block = (14 * dv + 5 * fv) * abytes + keys * (heads * (8 + abytes) + 1)
+    return fixed + v.depth * queries * block
+  return fixed + queries * ((4 * dv + 2 * fv) * abytes + keys * (heads * 4 + 2))
 
 
 def _frame_shape(exp):
