@@ -4,12 +4,16 @@ A random `tiny-vl` model plays visual Sokoban; every turn's prompt carries that 
 (drawn and preprocessed on the device, the tower run once per frame) and the KV cache is kept
 across turns with the positions the images imply (rope delta). The reference is the model's
 full forward over the final sequences with all their images, preprocessed on the host by the
-NumPy path (transformers' pixel_values and image_grid_thw), padded rows included. With dynamic
-sampling, a batch assembled from two rounds' groups carries each kept episode's own frames (as
-its round showed them) and the update's forward reproduces the sampler's log-probs on it.
+NumPy path (transformers' pixel_values and image_grid_thw), padded rows included.
+
+With dynamic sampling, a batch assembled from two rounds' groups carries each kept episode's own
+frames (as its round showed them) and the update's forward reproduces the sampler's log-probs on
+it.
 
 Dimension legend: B episodes, T sequence, K turns, V vocab.
 """
+
+# pylint: disable=redefined-outer-name  # pytest passes fixtures as arguments of their name
 
 import types
 
@@ -36,13 +40,13 @@ TOK = tokenizers.load("sentencepiece")
 TEMPERATURE = 0.8  # tiny.rollout_config's
 
 
-@pytest.fixture(scope="module", name="model")
-def model_fixture():
+@pytest.fixture(scope="module")
+def model():
   return models.create("tiny-vl", jax.random.key(0))
 
 
-@pytest.fixture(name="varied_frames")
-def varied_frames_fixture(monkeypatch):
+@pytest.fixture
+def varied_frames(monkeypatch):
   """Every turn draws new random frames (on the device), so that no two turns show the same
   image: a random model's invalid moves would leave Sokoban's frames unchanged, and a wrong
   turn's features would go unseen."""
@@ -54,6 +58,14 @@ def varied_frames_fixture(monkeypatch):
   )
 
 
+def largest_change(before, after) -> float:
+  """The largest absolute change of any parameter between two trees of one structure."""
+  return max(
+      float(np.abs(a - np.asarray(b)).max())
+      for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after))
+  )
+
+
 def token_logprobs(logits_BxTxV, tokens_BxT, temperature):
   """float64 [B, T - 1]: log-prob of each next token under logits / temperature (NumPy)."""
   logits = np.asarray(logits_BxTxV, np.float64) / temperature
@@ -61,14 +73,6 @@ def token_logprobs(logits_BxTxV, tokens_BxT, temperature):
   logz = np.log(np.exp(logits - top).sum(-1)) + top[..., 0]
   picked = np.take_along_axis(logits[:, :-1], tokens_BxT[:, 1:, None], axis=-1)[..., 0]
   return picked - logz[:, :-1]
-
-
-def largest_change(before, after) -> float:
-  """The largest absolute change of any parameter between two trees of the same structure."""
-  return max(
-      float(np.abs(a - np.asarray(b)).max())
-      for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after))
-  )
 
 
 def test_image_turn_tokens_by_hand():
