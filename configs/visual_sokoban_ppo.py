@@ -4,10 +4,13 @@ Qwen2.5-VL (`tiny-vl`) trained from scratch on the CPU.
   python launch.py --config=configs/visual_sokoban_ppo.py[:smoke]
 
 Each turn's prompt carries that turn's frame (rollout.images); the update splices the same
-frames (the tower frozen: ppo.train_vision_tower). With a Qwen2.5-VL checkpoint (not reachable
-from this project's machines, so not run here): `--config.model.checkpoint=DIR
---config.model.tokenizer=qwen2.5 --config.model.dtype=bfloat16`. Values marked "CPU:" differ
-from RAGEN's for a tiny model on 2 cores.
+frames (the tower frozen: ppo.train_vision_tower). Qwen2.5-VL-3B-Instruct on one H100 (its
+weights are not reachable from this project's machines, so not run here):
+
+  python launch.py --config=configs/visual_sokoban_ppo.py:qwen2.5-vl-3b-h100-bf16 \
+      --config.model.checkpoint=DIR       (or -h100-lora; docs/scaling.md, Accelerators)
+
+Values marked "CPU:" differ from RAGEN's for a tiny model on 2 cores.
 """
 
 from ragen_jax.config import sections as cs

@@ -21,7 +21,8 @@ may be restored into another sharding than the one it was saved from. Any single
 changes the plain sum. The second sum weights word i by the odd number 2i + 1 (invertible modulo
 2^32, so a single changed word changes it too) and also changes when words are swapped or
 moved, which leave the plain sum as it was (unless the product of the two words' difference and
-their distance is a multiple of 2^31). Host arrays (numpy) get the same sums from numpy.
+their distance is a multiple of 2^31). Arrays in host memory (numpy, and one process's arrays on
+CPU devices) get the same sums from numpy, with nothing to compile.
 """
 
 from typing import Any, Dict, Optional, Tuple
@@ -121,20 +122,40 @@ def _on_host(scalar: jax.Array):
   return scalar if scalar.is_fully_addressable else scalar.addressable_data(0)
 
 
+def _in_host_memory(x) -> bool:
+  """A host array, or a JAX array held whole by this process on CPU devices: summed by numpy,
+  with no program to compile (one over a whole train state takes seconds on a CPU)."""
+  if not isinstance(x, jax.Array):
+    return True
+  return x.is_fully_addressable and all(d.platform == "cpu" for d in x.sharding.device_set)
+
+
 def checks(arrays: Dict[str, Any]) -> Dict[str, Check]:
   """(sum, weighted sum, finite) of each array of `arrays` ({path: array}).
 
-  JAX arrays are summed where they live, one jitted call per set of devices (every process of
-  a multi-process run must make it, as for any computation on global arrays); host arrays
-  with numpy.
+  Arrays in host memory (numpy, and a process's own arrays on CPU devices) are summed by numpy;
+  the others (accelerators, arrays spanning processes) by `device_checks`.
   """
+  on_device = {p: x for p, x in arrays.items() if not _in_host_memory(x)}
+  results = device_checks(on_device)
+  for path, x in arrays.items():
+    if path not in on_device:
+      x = np.asarray(x)
+      plain, weighted = _sums(np, _host_words(x))
+      results[path] = (
+          int(plain),
+          int(weighted),
+          bool(not _floating(x.dtype) or np.isfinite(x).all()),
+      )
+  return {p: results[p] for p in arrays}
+
+
+def device_checks(arrays: Dict[str, jax.Array]) -> Dict[str, Check]:
+  """`checks` of JAX arrays summed where they live: one jitted call per set of devices (every
+  process of a multi-process run must make it, as for any computation on global arrays)."""
   results, by_devices = {}, {}
   for path, x in arrays.items():
-    if isinstance(x, jax.Array):
-      by_devices.setdefault(frozenset(x.sharding.device_set), []).append(path)
-    else:
-      x = np.asarray(x)
-      results[path] = (*_sums(np, _host_words(x)), not _floating(x.dtype) or np.isfinite(x).all())
+    by_devices.setdefault(frozenset(x.sharding.device_set), []).append(path)
   for paths in by_devices.values():
     found = _device_checks([arrays[p] for p in paths])
     results.update(zip(paths, jax.device_get(jax.tree.map(_on_host, found))))

@@ -9,7 +9,10 @@
 Mesh axes: `data` (pure data parallelism), `fsdp` (data parallelism whose devices also split the
 parameters and optimizer states), `tensor` (heads, MLP and vocabulary split within a layer).
 Logical axes are the names the model's parameters carry (`layers embed heads kv_heads head_dim mlp
-vocab`) plus `batch` and `length` for batches and the KV cache. The default rules put `batch`
+vocab`) plus `batch` and `length` for batches and the KV cache; a Qwen2.5-VL's vision tower
+carries the same names (`vision_config.vision_table`: its width is `embed`, its heads `heads`,
+its SwiGLU and the merger's hidden layer `mlp`), so fsdp and tensor split it as they split the
+decoder. The default rules put `batch`
 on data x fsdp, `embed` on fsdp, and heads, kv_heads, mlp and vocab on tensor; XLA's sharding
 propagation (GSPMD) partitions everything in between and inserts the collectives. The same
 code therefore runs on 1 CPU (a 1x1x1 mesh), 8 simulated devices, one GPU, or many hosts.
@@ -219,19 +222,30 @@ class Sharder:
       )
 
   def check_model(self, config) -> None:
-    """Every model dimension divides the mesh axes its logical axis maps to."""
-    sizes = {
-        "embed": config.hidden_size,
-        "heads": config.num_heads,
-        "kv_heads": config.num_kv_heads,
-        "head_dim": config.head_dim,
-        "mlp": config.intermediate_size,
-        "vocab": config.vocab_size,
-        "layers": config.num_layers,
-    }
-    for logical, size in sizes.items():
+    """Every model dimension, the vision tower's included, divides the mesh axes its logical
+    axis maps to."""
+    sizes = [
+        ("the model's", "embed", config.hidden_size),
+        ("the model's", "heads", config.num_heads),
+        ("the model's", "kv_heads", config.num_kv_heads),
+        ("the model's", "head_dim", config.head_dim),
+        ("the model's", "mlp", config.intermediate_size),
+        ("the model's", "vocab", config.vocab_size),
+        ("the model's", "layers", config.num_layers),
+    ]
+    v = config.vision
+    if v is not None:  # `vision_config.vision_table`'s names; the merger's hidden width is "mlp"
+      sizes += [
+          ("the vision tower's", "embed", v.hidden_size),
+          ("the vision tower's", "heads", v.num_heads),
+          ("the vision tower's", "head_dim", v.head_dim),
+          ("the vision tower's", "mlp", v.intermediate_size),
+          ("the vision merger's", "mlp", v.hidden_size * v.merge_unit),
+          ("the vision tower's", "layers", v.depth),
+      ]
+    for whose, logical, size in sizes:
       self._check(
-          f"the model's {_MEANING[logical]}",
+          f"{whose} {_MEANING[logical]}",
           logical,
           size,
           f"; choose mesh sizes that divide {size}, or map {logical} to fewer mesh "
@@ -282,7 +296,8 @@ class Sharder:
 @functools.lru_cache(maxsize=1)
 def param_axes() -> Dict[Tuple[str, ...], Tuple]:
   """{parameter path: logical axes} of the policy and critic of every family (from their
-  metadata): Qwen2's q/k/v biases, Qwen3's q/k norms and LoRA adapters included."""
+  metadata): Qwen2's q/k/v biases, Qwen3's q/k norms, LoRA adapters and Qwen2.5-VL's vision
+  tower included."""
   from flax import nnx  # pylint: disable=g-import-not-at-top
   from ragen_jax import models  # pylint: disable=g-import-not-at-top
 
@@ -290,9 +305,12 @@ def param_axes() -> Dict[Tuple[str, ...], Tuple]:
   tiny = models.get_config("tiny").replace(  # with lm_head and adapters on every kernel
       tie_word_embeddings=False, lora=models.LoraConfig(rank=2)
   )
-  for config in (tiny, tiny.replace(model_type="qwen3")):
-    for cls in (models.Qwen2, models.Qwen2Critic):
-      abstract = nnx.eval_shape(lambda cls=cls, config=config: cls(config, rngs=nnx.Rngs(0)))
-      for path, var in nnx.to_flat_state(nnx.state(abstract, nnx.Param)):
-        table[tuple(path)] = tuple(var.get_metadata().get("out_sharding") or ())
+  text = (tiny, tiny.replace(model_type="qwen3"))
+  modules = [(cls, c) for c in text for cls in (models.Qwen2, models.Qwen2Critic)]
+  # Qwen2.5-VL's vision tower (`visual`, the policy's alone): the decoder's logical names.
+  modules.append((models.Qwen2_5_VL, models.get_config("tiny-vl")))
+  for cls, config in modules:
+    abstract = nnx.eval_shape(lambda cls=cls, config=config: cls(config, rngs=nnx.Rngs(0)))
+    for path, var in nnx.to_flat_state(nnx.state(abstract, nnx.Param)):
+      table[tuple(path)] = tuple(var.get_metadata().get("out_sharding") or ())
   return table

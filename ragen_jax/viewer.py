@@ -9,6 +9,12 @@ does not parse), and the turn's reward. The turns travel as a JSON blob inside t
 `>` and `&` written as \\u escapes so no model text can close the script or open a comment; a
 small inline script shows one trajectory at a time (previous/next buttons, arrow keys, `#k` in the
 URL, filters by environment and outcome). The page loads nothing from the network.
+
+A visual environment's records carry each turn's frame (`turn_frames`, PNG data URIs written by
+validation): the page shows it beside the turn's text, as an <img> whose source the script sets
+from the blob. Only a URI that is exactly `data:image/png;base64,` and base64 characters (at
+most `MAX_FRAME_CHARS`) is kept; anything else is dropped, so a record cannot point the page at
+the network or at script.
 """
 
 import argparse
@@ -24,6 +30,8 @@ from ragen_jax import atomic_write
 from ragen_jax.rollout import prompts
 
 DEFAULT_TITLE = "ragen_jax trajectories"
+MAX_FRAME_CHARS = 1 << 20  # a frame's data URI (a few hundred bytes for the built-in games)
+_FRAME_URI = re.compile(r"data:image/png;base64,[A-Za-z0-9+/]+={0,2}")
 # The records do not say how many actions per turn the run allowed; show every answer word.
 _MAX_WORDS = 1000
 _REWARD = re.compile(r"\s*Reward:\n([^\n]*)\n")
@@ -100,6 +108,13 @@ def split_reply(text: str) -> Dict[str, Any]:
   return {"think": None, "answer": None, "actions": []}
 
 
+def frame_uri(value: Any) -> Optional[str]:
+  """A turn's frame as the page may show it: a PNG data URI (module doc), else None."""
+  if isinstance(value, str) and len(value) <= MAX_FRAME_CHARS and _FRAME_URI.fullmatch(value):
+    return value
+  return None
+
+
 def _saw(window: Any, k: int) -> Dict[str, Any] | None:
   """What turn k (0-based) of a context-window episode saw: the turns shown (1-based, first
   and last; none when first > last) and the memory text standing in for earlier ones."""
@@ -146,11 +161,14 @@ def episode_view(episode: Dict[str, Any]) -> Dict[str, Any]:
   rewards = list(rewards) if isinstance(rewards, (list, tuple)) else None
   windows = episode.get("turn_windows")
   windows = list(windows) if isinstance(windows, (list, tuple)) else []
+  frames = episode.get("turn_frames")
+  frames = list(frames) if isinstance(frames, (list, tuple)) else []
   for k, step in enumerate(steps):
     text_reward = step.pop("text_reward", None)
     step["reward"] = _float(rewards[k]) if rewards is not None and k < len(rewards) else text_reward
     step.update(split_reply(step["reply"] or ""))
     step["saw"] = _saw(windows[k], k) if k < len(windows) else None
+    step["frame"] = frame_uri(frames[k]) if k < len(frames) else None
   return {
       "env": str(episode.get("env") or "?"),
       "seed": _int(episode.get("seed")),

@@ -16,6 +16,11 @@ def _sums(x):
   return integrity.checks({"x": x})["x"][:2]
 
 
+def _device_sums(x):
+  """The sums computed on the device (jitted), as for accelerators and multi-process arrays."""
+  return integrity.device_checks({"x": jnp.asarray(x)})["x"][:2]
+
+
 @hypothesis.settings(max_examples=60)
 @hypothesis.given(
     dtype=st.sampled_from(_DTYPES),
@@ -37,17 +42,19 @@ def test_any_single_changed_word_changes_both_sums(dtype, shape, seed, data):
     raw = changed.view(bits.dtype)
     raw[where] ^= data.draw(st.integers(1, 2 ** (8 * itemsize) - 1))
   changed = changed.reshape(array.shape)
-  before, after = _sums(jnp.asarray(array)), _sums(jnp.asarray(changed))
+  before, after = _device_sums(array), _device_sums(changed)
   assert before[0] != after[0] and before[1] != after[1]
-  # Host arrays (numpy) get the same sums as the same values on a device.
-  assert _sums(array) == before and _sums(changed) == after
+  # Host arrays (numpy, and CPU arrays) get the same sums as the same values on a device.
+  assert _sums(array) == _sums(jnp.asarray(array)) == before
+  assert _sums(changed) == _sums(jnp.asarray(changed)) == after
 
 
 def test_swapped_words_change_the_weighted_sum():
   x = jnp.arange(12, dtype=jnp.float32).reshape(3, 4)
   swapped = x.at[0, 0].set(x[2, 3]).at[2, 3].set(x[0, 0])
-  (plain_a, weighted_a), (plain_b, weighted_b) = _sums(x), _sums(swapped)
-  assert plain_a == plain_b and weighted_a != weighted_b
+  for sums in (_sums, _device_sums):
+    (plain_a, weighted_a), (plain_b, weighted_b) = sums(x), sums(swapped)
+    assert plain_a == plain_b and weighted_a != weighted_b
 
 
 def test_sums_worked_by_hand_and_eight_byte_words_split_low_first():
@@ -57,7 +64,7 @@ def test_sums_worked_by_hand_and_eight_byte_words_split_low_first():
   # 1.0 as float64 is the words (0, 0x3FF00000): only the second, weighted by 3, counts.
   assert _sums(np.array([1.0], np.float64)) == (0x3FF00000, (3 * 0x3FF00000) % 2**32)
   with jax.enable_x64(True):
-    assert _sums(jnp.array([1.0], jnp.float64)) == _sums(np.array([1.0], np.float64))
+    assert _device_sums(np.array([1.0], np.float64)) == _sums(np.array([1.0], np.float64))
 
 
 def test_finiteness_and_damage_name_the_entry():
@@ -67,6 +74,10 @@ def test_finiteness_and_damage_name_the_entry():
   assert rec["['a']"]["shape"] == [3] and rec["['n']"]["dtype"] == "int32"
   bad = dict(flat, **{"['a']": jnp.array([1.0, np.inf, 1.0])})
   assert integrity.damage(None, bad) == "['a'] holds NaN or inf"  # no record: finiteness only
+  assert integrity.device_checks({"a": bad["['a']"], "n": flat["['n']"]}) == {
+      "a": (*integrity.checks({"a": np.asarray(bad["['a']"])})["a"][:2], False),
+      "n": (*integrity.checks({"n": np.arange(3, dtype=np.int32)})["n"][:2], True),
+  }
   assert "['a'] does not match the checksum" in integrity.damage(rec, bad)
   assert integrity.damage(rec, dict(flat, **{"['n']": jnp.array([0, 1, 3])})) == (
       "['n'] does not match the checksum saved with it"

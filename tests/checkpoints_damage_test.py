@@ -294,11 +294,12 @@ mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("a", "b"))
 shard = lambda *spec: NamedSharding(mesh, P(*spec))
 w = jax.random.normal(jax.random.key(0), (64, 32))
 layouts = [shard("a", "b"), shard(("a", "b")), shard(None, "a"), shard()]
-sums = [checkpoint_integrity.checks({"w": jax.device_put(w, s)})["w"] for s in layouts]
-assert len(set(sums)) == 1, sums
+# Summed on the devices (as on accelerators and across processes) and on the host alike.
+sums = [checkpoint_integrity.device_checks({"w": jax.device_put(w, s)})["w"] for s in layouts]
+assert len(set(sums)) == 1 and checkpoint_integrity.checks({"w": w})["w"] == sums[0], sums
 # An array on one device beside arrays on the mesh (jit refuses the two together).
 mixed = {"m": jax.device_put(w, layouts[0]), "d": jax.device_put(w, jax.devices()[3])}
-assert checkpoint_integrity.checks(mixed) == {"m": sums[0], "d": sums[0]}
+assert checkpoint_integrity.device_checks(mixed) == {"m": sums[0], "d": sums[0]}
 ckpt = checkpoints.Checkpointer(sys.argv[1])
 for step in (1, 2):
   ckpt.save(step, {"w": jax.device_put(w * step, shard("a", "b"))})

@@ -1,6 +1,7 @@
 """Configs: every shipped file validates, overrides and typos, and clear errors for bad values."""
 
 import glob
+import json
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from ragen_jax.config import sections
 from ragen_jax.config import drift
 from ragen_jax.config import schema
 from ragen_jax.config import cli
+from ragen_jax.train import trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
@@ -180,6 +182,7 @@ def test_launch_rejects_a_typo_before_doing_anything(tmp_path):
       capture_output=True,
       text=True,
       timeout=120,
+      check=False,
   )
   assert proc.returncode == 2
   assert "trainer has no 'total_step'" in proc.stderr and "total_steps" in proc.stderr
@@ -207,6 +210,7 @@ def test_a_wrong_command_ends_in_one_line_before_anything_runs(args, message, tm
       capture_output=True,
       text=True,
       timeout=120,
+      check=False,
   )
   assert proc.returncode == 2, proc.stderr[-2000:]
   last = proc.stderr.strip().splitlines()[-1]
@@ -223,7 +227,6 @@ def test_the_default_workdir_names_the_config_and_its_variant():
 
 def test_a_run_saved_before_keys_were_added_still_opens(tmp_path):
   """A stored config lacking keys (and a whole section) added since gets today's defaults."""
-  import json  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from ragen_jax import checkpoints  # pylint: disable=g-import-not-at-top
   from ragen_jax.train import restore  # pylint: disable=g-import-not-at-top
@@ -255,9 +258,6 @@ def test_a_run_saved_before_keys_were_added_still_opens(tmp_path):
 
 
 def test_a_stored_key_that_no_longer_exists_is_named(tmp_path):
-  from ragen_jax.train import restore  # pylint: disable=g-import-not-at-top
-  import json  # pylint: disable=g-import-not-at-top
-
   stored = json.loads(load("sokoban_ppo").to_json())
   stored["ppo"]["retired_knob"] = 1
   with pytest.raises(ValueError, match="retired_knob"):
@@ -330,3 +330,28 @@ def test_bf16_variants_keep_ragens_batch_with_float32_moments():
 def test_bad_variants_are_named(arg, message):
   with pytest.raises(ValueError, match=message):
     load("sokoban_ppo", arg)
+
+
+def test_a_vision_language_model_plays_only_environments_drawn_as_images(tmp_path):
+  """Refused before anything is built, as a ConfigError naming the tags: a Qwen2.5-VL (the tiny
+  preset, or the 3B variant's checkpoint) on text environments, a text model on visual ones."""
+  (tmp_path / "vl3b").mkdir()
+  (tmp_path / "vl3b" / "config.json").write_text(
+      json.dumps(models.hf_config.to_hf_dict(models.get_config("qwen2.5-vl-3b")))
+  )
+  vl_on_text = load("sokoban_ppo", "smoke")
+  vl_on_text.model.preset, vl_on_text.model.warm_start = "tiny-vl", False
+  variant_on_text = load("frozenlake_ppo", "qwen2.5-vl-3b-h100-bf16")
+  variant_on_text.model.checkpoint = str(tmp_path / "vl3b")
+  text_on_visual = load("visual_sokoban_ppo", "smoke")
+  text_on_visual.model.preset = "tiny"
+  for config, message in (
+      (vl_on_text, r"'tiny-vl' is a vision-language model .* envs \['sokoban'\] are text"),
+      (variant_on_text, r"vl3b' is a vision-language model .* envs \['frozenlake'\] are text"),
+      (text_on_visual, r"envs \['visual_sokoban'\] are drawn as images .* 'tiny'"),
+  ):
+    with pytest.raises(trainer.ConfigError, match=message):
+      trainer.train(config, str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()  # nothing written
+  visual = schema.from_config(load("visual_sokoban_ppo", "smoke"))
+  schema.check_images(visual, models.get_config("tiny-vl"))  # the shipped pairing passes

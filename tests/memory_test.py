@@ -354,15 +354,3 @@ def test_lora_variants_fit_one_h100(variant, episodes, total_gib, tmp_path):
   assert est["reference"] == 0 and est["critic"] == 0
   assert est["total"] / memory.GIB == pytest.approx(total_gib, abs=0.05)
   assert est["total"] / memory.GIB < 0.9 * 80
-
-
-def test_the_vision_tower_is_counted():
-  """tiny-vl: the tower's parameters (as many as the model's arrays) in float32, plus two float32
-  moments and the float32 gradient sum under full fine-tuning (the optimizer's tree holds the
-  frozen tower too); nothing for a text model."""
-  exp = schema.from_config(cli.load_config_file("configs/sokoban_ppo.py:smoke"))
-  c = models.get_config("tiny-vl")
-  tower = nnx.eval_shape(lambda: models.create("tiny-vl", jax.random.key(0))).visual
-  n = sum(x.size for x in jax.tree.leaves(nnx.state(tower, nnx.Param)))
-  assert n > 0 and memory.estimate(exp, c, _layout())["vision"] == 16 * n
-  assert memory.estimate(exp, models.get_config("tiny"), _layout())["vision"] == 0

@@ -350,6 +350,8 @@ HUB_3B = dict(
 
 
 def test_hub_config_of_the_3b_shape_counts_as_transformers():
+  """The Hub's config.json read, transformers' parameter count, and the qwen2.5-vl-3b preset: the
+  same config (the preset is what the :qwen2.5-vl-3b variant builds before a checkpoint)."""
   config = models.hf_config.from_hf_dict(HUB_3B)
   assert config.head_dim == 128 and config.vision.mrope_section == (16, 24, 24)
   assert config.tie_word_embeddings and config.rope_theta == 1e6
@@ -357,7 +359,8 @@ def test_hub_config_of_the_3b_shape_counts_as_transformers():
     meta = transformers.Qwen2_5_VLForConditionalGeneration(
         transformers.AutoConfig.for_model(**HUB_3B)
     )
-  assert sum(p.numel() for p in meta.parameters()) == models.num_params(config)
+  assert sum(p.numel() for p in meta.parameters()) == models.num_params(config) == 3_754_622_976
+  assert models.get_config("qwen2.5-vl-3b") == config
 
 
 def test_rope_index_rejects_tokens_that_disagree_with_the_grids():

@@ -1,10 +1,11 @@
 """Independent references the tests share: NumPy loops for the advantage estimators
-(`rl_math.md`), transformers' logits, the comparison of two runs' logged scalars, and a reader of
-W&B's offline run files."""
+(`rl_math.md`), transformers' logits, the comparison of two runs' logged scalars, a run cut back
+to one of its checkpoints, and a reader of W&B's offline run files."""
 
 import glob
 import json
 import os
+import shutil
 import struct
 
 import numpy as np
@@ -59,6 +60,20 @@ def comparable(scalars, steps):
       for step, value in series
       if step in steps
   }
+
+
+def run_cut_at(run_dir, workdir, step):
+  """`workdir`: `run_dir` as it was when it saved checkpoint `step`, for the same command to
+  resume. Its record (config.json) and checkpoints up to `step`; no event files, so what the
+  resumed run logs is all its own, to compare with the whole run's."""
+  os.makedirs(os.path.join(workdir, "checkpoints"))
+  shutil.copy(os.path.join(run_dir, "config.json"), workdir)
+  saved = [int(s) for s in os.listdir(os.path.join(run_dir, "checkpoints")) if s.isdigit()]
+  assert step in saved, (step, saved)
+  for s in saved:
+    if s <= step:
+      shutil.copytree(*(os.path.join(d, "checkpoints", str(s)) for d in (run_dir, workdir)))
+  return workdir
 
 
 # A W&B run file (`run-<id>.wandb`) is LevelDB's log format: after a 7-byte file header

@@ -26,7 +26,7 @@ from ragen_jax.config import schema
 from ragen_jax.train import dynamic_sampling
 from ragen_jax.train import restore
 from ragen_jax.train import trainer
-from references import comparable  # pylint: disable=g-bad-import-order
+from references import comparable, run_cut_at  # pylint: disable=g-bad-import-order
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = os.path.join(ROOT, "configs", "sokoban_ppo.py") + ":smoke"
@@ -223,7 +223,7 @@ def test_config_keys_are_checked_and_validation_never_samples_dynamically():
 def _config():
   config = cli.load_config_file(SMOKE)
   with config.unlocked():
-    config.trainer.total_steps = 2
+    config.trainer.total_steps, config.trainer.save_every = 2, 1
     config.trainer.eval_every = 10
     config.envs.sokoban.val_groups = 1
     config.rollout.dynamic_sampling = True
@@ -237,8 +237,8 @@ def runs_fixture(tmp_path_factory):
   root = tmp_path_factory.mktemp("dynamic")
   whole, resumed = str(root / "whole"), str(root / "resumed")
   trainer.train(_config(), whole)
-  assert trainer.train(_config(), resumed, stop_after=1)["step"] == 1
-  assert trainer.train(_config(), resumed)["step"] == 2
+  # The run as it was when it saved step 1: the same call resumes it.
+  assert trainer.train(_config(), run_cut_at(whole, resumed, 1))["step"] == 2
   return whole, resumed
 
 

@@ -4,7 +4,9 @@ A random `tiny-vl` model plays visual Sokoban; every turn's prompt carries that 
 (drawn and preprocessed on the device, the tower run once per frame) and the KV cache is kept
 across turns with the positions the images imply (rope delta). The reference is the model's
 full forward over the final sequences with all their images, preprocessed on the host by the
-NumPy path (transformers' pixel_values and image_grid_thw), padded rows included.
+NumPy path (transformers' pixel_values and image_grid_thw), padded rows included. The update
+on the rollouts' batches (full context and a window's rows, GRPO and GAE with the text-only
+critic) is checked against the sampler's log-probs and a NumPy GAE.
 
 With dynamic sampling, a batch assembled from two rounds' groups carries each kept episode's own
 frames (as its round showed them) and the update's forward reproduces the sampler's log-probs on
@@ -17,6 +19,7 @@ Dimension legend: B episodes, T sequence, K turns, V vocab.
 
 import types
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,11 +32,16 @@ from ragen_jax import rollout
 from ragen_jax import sampling
 from ragen_jax import tokenizers
 from ragen_jax import vision
+from ragen_jax.algos import critic as critic_lib
+from ragen_jax.algos import train_step
+from ragen_jax.algos.step_records import ModelGraph
+from ragen_jax.algos.step_records import StepSpec
 from ragen_jax.models import mrope
 from ragen_jax.rollout import episodes as episodes_lib
 from ragen_jax.rollout import images
 from ragen_jax.train import batching
 from ragen_jax.train import dynamic_sampling
+from references import ref_gae  # pylint: disable=g-bad-import-order
 from tiny import rollout_config  # pylint: disable=g-bad-import-order
 
 TOK = tokenizers.load("sentencepiece")
@@ -45,17 +53,39 @@ def model():
   return models.create("tiny-vl", jax.random.key(0))
 
 
-@pytest.fixture
-def varied_frames(monkeypatch):
+def vary_frames(monkeypatch, seed=5):
   """Every turn draws new random frames (on the device), so that no two turns show the same
   image: a random model's invalid moves would leave Sokoban's frames unchanged, and a wrong
   turn's features would go unseen."""
-  rng = np.random.default_rng(5)
+  rng = np.random.default_rng(seed)
   monkeypatch.setattr(
       images.ImageTurns,
       "frames",
       lambda self, envs: jax.numpy.asarray(rng.integers(0, 256, (4, 84, 84, 3), np.uint8)),
   )
+
+
+@pytest.fixture
+def varied_frames(monkeypatch):
+  vary_frames(monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def window(model):
+  """A last_k (k = 1) rollout on varied frames: (config, result, the tower's input shapes)."""
+  tower_calls = []
+  run_tower = images.frame_features
+  with pytest.MonkeyPatch.context() as mp:
+    vary_frames(mp)
+    mp.setattr(
+        images,
+        "frame_features",
+        lambda g, p, frames: tower_calls.append(frames.shape) or run_tower(g, p, frames),
+    )
+    config = rollout_config(context_window="last_k", window_turns=1)
+    engine = rollout.Rollout(envs.make("visual_sokoban"), TOK, config)
+    result = engine.run(rollout.ModelPolicy(model), jax.random.key(2), seed=11)
+  return config, result, tower_calls
 
 
 def largest_change(before, after) -> float:
@@ -132,23 +162,11 @@ def test_multi_turn_rollout_with_images_equals_a_full_forward(model, varied_fram
   assert np.max(np.abs(lp[:, 1:][trained] - blind[trained])) > 1e-3
 
 
-def test_a_window_reuses_kept_features_and_equals_a_fresh_forward(
-    model, monkeypatch, varied_frames
-):
+def test_a_window_reuses_kept_features_and_equals_a_fresh_forward(model, window):
   """last_k (k = 1): each turn's prompt re-prefills the kept turn with its image; the tower
   runs once per turn on the new frames only, and every row's log-probs equal a fresh forward of
   that row's windowed prompt with its images."""
-  del varied_frames
-  tower_calls = []
-  run_tower = images.frame_features
-  monkeypatch.setattr(
-      images,
-      "frame_features",
-      lambda g, p, frames: tower_calls.append(frames.shape) or run_tower(g, p, frames),
-  )
-  config = rollout_config(context_window="last_k", window_turns=1)
-  engine = rollout.Rollout(envs.make("visual_sokoban"), TOK, config)
-  result = engine.run(rollout.ModelPolicy(model), jax.random.key(2), seed=11)
+  config, result, tower_calls = window
   batch, eps, k = result.batch, result.episodes, config.max_turns
   frames = np.asarray(result.frames_KxBxHxWx3)
   assert tower_calls == [(4, 84, 84, 3)] * frames.shape[0]  # once per turn, new frames only
@@ -168,6 +186,95 @@ def test_a_window_reuses_kept_features_and_equals_a_fresh_forward(
   trained = loss[:, 1:] > 0
   assert trained.sum() == result.metrics["response_length"].sum() > 0
   assert np.max(np.abs(lp[:, 1:][trained] - ref[trained])) <= 1e-4
+
+
+def test_window_rows_train_on_their_own_frames_with_a_text_critic(model, window):
+  """GAE with the separate critic on the window's rows (one a turn, each showing its kept and
+  current frames): the update's first pass gives every row the rollout's log-probs (its own
+  frames spliced: shifted by one row they differ), the critic reads the tokens alone (the critic
+  module on the ids, no tower), the advantages are a NumPy GAE along each episode's rows on
+  those values and the rollout's rewards, and the train step (with train_vision_tower) trains
+  the decoder, the tower and the critic."""
+  config, result, _ = window
+  k, gamma, lam = config.max_turns, 0.9, 0.8
+  batch = batching.join_batches([result.batch], 64, TOK.pad_id)
+  batch = batch.replace(scores_B=np.array([1.0, 0.0, 2.0, 0.5], np.float32))  # all groups kept
+  rows, width = batch.tokens_BxT.shape
+  cfg = algos.PPOConfig(
+      adv_estimator="gae",
+      gamma=gamma,
+      lam=lam,
+      num_minibatches=2,
+      vocab_chunk=64,
+      actor_lr=1e-3,
+      critic_lr=1e-3,
+      train_vision_tower=True,
+  )
+  # A random value head (the critic starts at 0 everywhere), in the state and the reference.
+  kernel = jax.random.normal(jax.random.key(7), (model.config.hidden_size,), jnp.float32)
+  state = algos.init_train_state(model, None, cfg, jax.random.key(1))
+  state = state.replace(critic_params={**state.critic_params, "value_kernel": kernel})
+  response = algos.response_width(batch.loss_mask_BxT)
+  spec = StepSpec(
+      cfg=cfg,
+      actor=ModelGraph.of(model),
+      ref=ModelGraph.of(model),
+      critic=critic_lib.make_critic(cfg, model),
+      actor_tx=None,  # the stages below take no optimizer step
+      critic_tx=None,
+      temperature=TEMPERATURE,
+      width=response,
+  )
+
+  @jax.jit
+  def stages(state, batch):
+    sel = train_step.order_and_filter(cfg, batch)
+    old = train_step.old_pass(spec, state, sel, rows // cfg.num_minibatches)
+    return sel.row_order_R, old.logp_BxT, train_step.advantages(cfg, sel, old)
+
+  order, logp, adv = stages(state, jax.tree.map(jnp.asarray, batch))
+  canonical = lambda x: np.asarray(x)[np.argsort(np.asarray(order))]  # the rollout's row order
+  mask = np.asarray(batch.loss_mask_BxT) > 0
+  played = mask.any(axis=1)
+  assert played.sum() == sum(len(ep.turns) for ep in result.episodes) > 4
+  # Each row's log-probs are the sampler's; with every row's frames those of the row before
+  # (another turn's or episode's), every played row's differ.
+  diff = np.abs(canonical(logp) - np.asarray(batch.logprobs_BxT)) * mask
+  assert diff.max() <= 1e-5
+  frames = np.asarray(batch.frames_BxNxHxWx3)
+  shifted = batch.replace(frames_BxNxHxWx3=np.roll(frames, 1, axis=0))
+  _, wrong, _ = stages(state, jax.tree.map(jnp.asarray, shifted))
+  wrong_diff = np.abs(canonical(wrong) - np.asarray(batch.logprobs_BxT)) * mask
+  assert wrong_diff.max(axis=1)[played].min() > 1e-3
+  # The critic: the module on the ids and mask alone, read one position back (veRL).
+  critic = models.critic_from_policy(model)
+  critic.value_kernel.set_value(kernel)
+  values = np.asarray(
+      nnx.jit(lambda c, ids, m: c(ids, m))(critic, batch.tokens_BxT, batch.attention_mask_BxT),
+      np.float64,
+  )
+  values = np.pad(values[:, :-1], ((0, 0), (1, 0))) * mask
+  np.testing.assert_allclose(canonical(adv.values_BxT), values, rtol=1e-5, atol=1e-5)
+  # GAE along each episode's K rows in turn order: one [B, K * T] sequence an episode.
+  rewards = np.asarray(batch.token_rewards_BxT, np.float64)
+  assert np.any(rewards[mask] != 0)
+  join = lambda x: np.asarray(x).reshape(rows // k, k * width)
+  want_adv, want_returns = ref_gae(
+      join(rewards), join(values), join(mask).astype(np.int32), gamma, lam
+  )
+  for got, want in ((adv.adv_BxT, want_adv), (adv.returns_BxT, want_returns)):
+    np.testing.assert_allclose(join(canonical(got))[join(mask)], want[join(mask)], atol=1e-4)
+  # One train step on the same rows: the sampler's probabilities again, both models move.
+  step = algos.make_train_step(model, None, cfg, temperature=TEMPERATURE)
+  before = jax.tree.map(np.array, (state.actor_params, state.critic_params))
+  state, metrics = step(
+      state, jax.tree.map(jnp.asarray, batch), jax.random.key(2), response_width=response
+  )
+  assert float(metrics["training/rollout_probs_diff_max"]) < 1e-7
+  assert float(metrics["critic/values/mean"]) == pytest.approx(values[mask].mean(), abs=1e-5)
+  after = (state.actor_params, state.critic_params)
+  for part, name in ((0, "decoder"), (0, "visual"), (1, "decoder"), (1, "value_kernel")):
+    assert largest_change(before[part][name], after[part][name]) > 0, (part, name)
 
 
 def test_generate_with_images_equals_a_full_forward(model):
@@ -206,7 +313,8 @@ def test_generate_with_images_equals_a_full_forward(model):
 def test_the_update_splices_the_rollouts_images(model, varied_frames):
   """A train step's first pass over a batch with images reproduces the sampler's log-probs
   (each row's frames through the tower, spliced, positions from the ids on the device); the
-  tower stays frozen by default (weight decay included) and trains with train_vision_tower."""
+  tower stays frozen by default, weight decay included (it trains with train_vision_tower: the
+  window test below)."""
   del varied_frames
   engine = rollout.Rollout(envs.make("visual_sokoban"), TOK, rollout_config())
   result = engine.run(rollout.ModelPolicy(model), jax.random.key(4), seed=3)
@@ -218,26 +326,20 @@ def test_the_update_splices_the_rollouts_images(model, varied_frames):
   batch = batching.join_batches([result.batch], 64, TOK.pad_id)
   batch = batch.replace(scores_B=np.array([1.0, 0.0, 2.0, 0.5], np.float32))
   width = algos.response_width(batch.loss_mask_BxT)
-  for train_tower in (False, True):
-    cfg = algos.PPOConfig(
-        adv_estimator="grpo",
-        num_minibatches=2,
-        vocab_chunk=64,
-        actor_lr=1e-3,
-        weight_decay=0.1,
-        train_vision_tower=train_tower,
-    )
-    state = algos.init_train_state(model, None, cfg, jax.random.key(1))
-    before = jax.tree.map(np.array, state.actor_params)
-    step = algos.make_train_step(model, None, cfg, temperature=TEMPERATURE)
-    state, metrics = step(
-        state, jax.tree.map(jnp.asarray, batch), jax.random.key(2), response_width=width
-    )
-    # Probabilities of a random model over 2052 tokens are small: the update's forward
-    # without the images differs by ~4e-5 here, with them by ~5e-10.
-    assert float(metrics["training/rollout_probs_diff_max"]) < 1e-7
-    assert largest_change(before["decoder"], state.actor_params["decoder"]) > 0
-    assert (largest_change(before["visual"], state.actor_params["visual"]) > 0) == train_tower
+  cfg = algos.PPOConfig(
+      adv_estimator="grpo", num_minibatches=2, vocab_chunk=64, actor_lr=1e-3, weight_decay=0.1
+  )
+  state = algos.init_train_state(model, None, cfg, jax.random.key(1))
+  before = jax.tree.map(np.array, state.actor_params)
+  step = algos.make_train_step(model, None, cfg, temperature=TEMPERATURE)
+  state, metrics = step(
+      state, jax.tree.map(jnp.asarray, batch), jax.random.key(2), response_width=width
+  )
+  # Probabilities of a random model over 2052 tokens are small: the update's forward
+  # without the images differs by ~4e-5 here, with them by ~5e-10.
+  assert float(metrics["training/rollout_probs_diff_max"]) < 1e-7
+  assert largest_change(before["decoder"], state.actor_params["decoder"]) > 0
+  assert largest_change(before["visual"], state.actor_params["visual"]) == 0
 
 
 def test_positions_on_the_device_equal_the_hosts():

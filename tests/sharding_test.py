@@ -13,6 +13,7 @@ from ragen_jax import models
 from ragen_jax import sharding
 from ragen_jax.config import schema
 from ragen_jax.config import cli
+from ragen_jax.models.vision_config import vision_table
 from xla_devices import cpu_devices  # pylint: disable=g-bad-import-order
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -88,6 +89,19 @@ def test_qwen_sizes_that_do_not_divide_are_refused_naming_both_numbers():
     sharding.Sharder(sharding.MeshSpec(data=2, fsdp=4), num_devices=8).check_batch(
         "the training batch", 12
     )
+
+
+def test_vision_tower_sizes_that_do_not_divide_are_refused_naming_both_numbers():
+  """Qwen2.5-VL-3B's decoder splits over tensor = 8 (its 2 key/value heads kept whole), its
+  tower's SwiGLU width 3420 does not; tensor = 4 splits both."""
+  vl = models.get_config("qwen2.5-vl-3b")
+  rules = {**dict(sharding.DEFAULT_RULES), "kv_heads": ""}
+  eight = sharding.MeshSpec(data=1, fsdp=1, tensor=8, rules=rules)
+  with pytest.raises(ValueError, match=r"vision tower's MLP size = 3420 cannot be split over te"):
+    sharding.Sharder(eight, num_devices=8).check_model(vl)
+  sharding.Sharder(eight, num_devices=8).check_model(models.get_config("qwen2.5-3b"))
+  four = sharding.MeshSpec(data=1, fsdp=2, tensor=4, rules=rules)
+  sharding.Sharder(four, num_devices=8).check_model(vl)
 
 
 def test_the_mesh_section_validates_into_the_experiment():
@@ -170,3 +184,32 @@ def _check_equal_to_one_device(meshes, results):
         np.testing.assert_allclose(
             g["proj"], r["proj"], rtol=0, atol=1e-2 * r["norm"], err_msg=where
         )
+
+
+def test_the_vision_tower_is_split_and_its_logits_with_images_equal_one_device():
+  """tiny-vl's train state placed as the trainer places it on data x fsdp x tensor = 2 x 2 x 2:
+  the logits of rows with two frames each agree with one device's to 1e-5, and every tower
+  parameter and its AdamW moment lies split by its logical axes (embed over fsdp; heads and mlp
+  over tensor): each device holds a shard, not the whole array."""
+  proc = subprocess.run(
+      [sys.executable, "tests/sharding_vision.py"],
+      cwd=ROOT,
+      env=EIGHT_DEVICES,
+      capture_output=True,
+      text=True,
+      timeout=600,
+      check=False,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][0]
+  got = json.loads(line[len("RESULT ") :])
+  assert got["devices"] == 8 and got["max_abs_logit"] > 0.1
+  assert got["max_abs_diff"] < 1e-5
+  table = vision_table(models.get_config("tiny-vl").vision, 64)
+  mesh = {"embed": 2, "heads": 2, "mlp": 2}  # fsdp = 2, tensor = 2
+  for where in ("tower", "moments"):
+    assert set(got[where]) == set(table), where
+    for name, (shape, axes) in table.items():
+      split = [n // mesh.get(a, 1) for n, a in zip(shape, axes)]
+      assert got[where][name]["shape"] == list(shape), (where, name)
+      assert got[where][name]["shard"] == split and split != list(shape), (where, name)

@@ -31,7 +31,7 @@ from ragen_jax.train import batching
 from ragen_jax.config import cli
 from ragen_jax.train import restore
 from ragen_jax.train import trainer
-from references import comparable  # pylint: disable=g-bad-import-order
+from references import comparable, run_cut_at  # pylint: disable=g-bad-import-order
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = os.path.join(ROOT, "configs", "sokoban_ppo.py") + ":smoke"
@@ -103,14 +103,14 @@ def test_smoke_run_writes_events_checkpoints_and_trajectories(reference_run):
 
 def test_resumed_run_matches_the_uninterrupted_run(reference_run, tmp_path):
   ref_dir, _ = reference_run
-  workdir = str(tmp_path / "resumed")
-  first = trainer.train(smoke_config(), workdir, stop_after=1)  # stops (and saves) at step 1
-  assert first["step"] == 1
-  second = trainer.train(smoke_config(), workdir)  # the same call resumes
-  assert second["step"] == 4
+  # The run as it was when it saved step 2 (of 4): the same call resumes it.
+  workdir = run_cut_at(ref_dir, str(tmp_path / "resumed"), 2)
+  assert trainer.train(smoke_config(), workdir)["step"] == 4
   ref, got = logging_utils.read_scalars(ref_dir), logging_utils.read_scalars(workdir)
-  expected = comparable(ref, {2, 3, 4})
-  assert expected and comparable(got, {2, 3, 4}) == expected
+  assert [s for s, _ in got["train/success"]] == [3, 4]  # step 2 not trained again
+  expected = comparable(ref, {3, 4})
+  assert ("actor/pg_loss", 3) in expected and ("val/success", 4) in expected
+  assert comparable(got, {3, 4}) == expected
   # And the final weights are identical.
   a = restore.load_actor(ref_dir)[0]
   b = restore.load_actor(workdir)[0]
@@ -119,20 +119,21 @@ def test_resumed_run_matches_the_uninterrupted_run(reference_run, tmp_path):
 
 
 def test_bfloat16_run_resumes_exactly(tmp_path):
-  """bfloat16 weights and moments (model.param_dtype, ppo.moment_dtype): a run stopped after
-  step 1 and resumed logs step 2 and ends with the weights of the uninterrupted run."""
+  """bfloat16 weights and moments (model.param_dtype, ppo.moment_dtype): the run resumed from its
+  step-1 checkpoint logs step 2 and ends with the weights of the uninterrupted run."""
 
   def config():
     c = smoke_config()
     c.model.param_dtype, c.ppo.moment_dtype = "bfloat16", "bfloat16"
-    c.trainer.total_steps = 2
+    c.trainer.total_steps, c.trainer.save_every = 2, 1
     return c
 
-  ref_dir, workdir = str(tmp_path / "ref"), str(tmp_path / "resumed")
+  ref_dir = str(tmp_path / "ref")
   trainer.train(config(), ref_dir)
-  assert trainer.train(config(), workdir, stop_after=1)["step"] == 1
+  workdir = run_cut_at(ref_dir, str(tmp_path / "resumed"), 1)
   assert trainer.train(config(), workdir)["step"] == 2
   ref, got = logging_utils.read_scalars(ref_dir), logging_utils.read_scalars(workdir)
+  assert [s for s, _ in got["train/success"]] == [2]
   assert comparable(ref, {2}) and comparable(got, {2}) == comparable(ref, {2})
   a, b = restore.load_actor(ref_dir)[0], restore.load_actor(workdir)[0]
   assert a.decoder.embedding[...].dtype == jnp.bfloat16

@@ -6,6 +6,8 @@ HTML sanitiser, which lets links and images through) for model replies that try 
 code block.
 """
 
+import base64
+import io
 import json
 import os
 import re
@@ -15,7 +17,9 @@ import textwrap
 
 import hypothesis
 from hypothesis import strategies as st
+import jax
 import numpy as np
+import PIL.Image
 import pytest
 from tensorboard import context
 from tensorboard.backend.event_processing import data_provider
@@ -23,6 +27,10 @@ from tensorboard.backend.event_processing import plugin_event_multiplexer
 from tensorboard.plugins.text import text_plugin
 
 from ragen_jax import logging_utils
+from ragen_jax import rollout
+from ragen_jax import tokenizers
+from ragen_jax.config import cli
+from ragen_jax.config import schema
 from ragen_jax.train import validation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,6 +65,7 @@ def run_python(code, env=None):
       capture_output=True,
       text=True,
       timeout=120,
+      check=False,  # the callers read the return code
   )
 
 
@@ -152,3 +161,42 @@ def test_no_reply_renders_a_link_or_an_image(replies):
   html = render(validation.markdown([episode(*replies), episode("fine")]))
   assert "<a" not in html and "<img" not in html
   assert outside_code_blocks(html).split() == f"{HEADER}\n{HEADER}".split()
+
+
+def test_a_visual_environments_records_carry_each_turns_frame(tmp_path):
+  """Validation of visual FrozenLake under a scripted policy that draws each state it is shown
+  (render_image, one state at a time): the records hold exactly those frames, one PNG a turn,
+  and the viewer page carries them."""
+  config = cli.load_config_file(os.path.join(ROOT, "configs", "visual_frozenlake_ppo.py:smoke"))
+  with config.unlocked():
+    config.envs.visual_frozenlake.val_groups = 2
+    config.rollout.val_group_size = 2
+    config.rollout.val_batch_groups = 2
+    config.rollout.max_turns = 3
+  exp = schema.from_config(config)
+  engines = validation.engines(exp, tokenizers.load("sentencepiece"))
+  draw = jax.jit(engines["visual_frozenlake"].env.render_image)
+  drawn = {}
+
+  def policy(state, ep):
+    turn = len(ep.turns)  # turns before this one
+    drawn[(ep.group_id, ep.index_in_group, turn)] = np.asarray(draw(state))
+    return f"<think>go</think><answer>{('Right', 'Down', 'Down')[turn]}</answer>"
+
+  _, episodes = validation.run(exp, engines, rollout.ScriptedPolicy(policy))
+  validation.write_outputs(str(tmp_path), 7, episodes, None, ["visual_frozenlake"], 0)
+  records = [json.loads(line) for line in (tmp_path / "eval" / "step_7.jsonl").open()]
+  assert len(records) == 4 and sum(r["turns"] for r in records) == len(drawn)
+  changed = 0
+  for r in records:
+    uris = r["turn_frames"]
+    assert len(uris) == r["turns"] and all(u.startswith("data:image/png;base64,") for u in uris)
+    for turn, uri in enumerate(uris):
+      png = base64.b64decode(uri.split(",", 1)[1], validate=True)
+      with PIL.Image.open(io.BytesIO(png)) as image:
+        assert image.format == "PNG" and image.mode == "RGB"
+        np.testing.assert_array_equal(np.asarray(image), drawn[(r["group_id"], r["episode"], turn)])
+      changed += turn > 0 and uri != uris[turn - 1]
+  assert changed  # the player moved: a frame of the wrong turn would show
+  page = (tmp_path / "viewer" / "step_7.html").read_text(encoding="utf-8")
+  assert all(uri in page for r in records for uri in r["turn_frames"])

@@ -1,12 +1,16 @@
 """Tests of ragen_jax.viewer: the page's data, its safety against model text, Chromium, the CLI."""
 
+import base64
 import html.parser
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
 
+import numpy as np
+import PIL.Image
 import pytest
 
 from ragen_jax import viewer
@@ -22,6 +26,27 @@ THINKS = (
     "Done? One more look.",
 )
 EVIL = "</script><b>x<!-- & --> <script>alert(1)</script>"
+# Frame sources a record must not smuggle into the page: all dropped (the turn shows no image).
+EVIL_FRAMES = (
+    "javascript:alert(1)",
+    'data:image/png;base64,AAAA" onerror="alert(1)',
+    "data:text/html;base64,PHNjcmlwdD5hbGVydCgxKTwvc2NyaXB0Pg==",
+    "https://evil.example/x.png",
+    "data:image/png;base64," + "A" * viewer.MAX_FRAME_CHARS,
+    7,
+)
+
+
+def _png_uri(colour):
+  """A 6x6 PNG of one colour with a dark pixel, as a data URI (written with pillow)."""
+  pixels = np.full((6, 6, 3), colour, np.uint8)
+  pixels[2, 3] = 0
+  buffer = io.BytesIO()
+  PIL.Image.fromarray(pixels).save(buffer, "PNG")
+  return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+FRAMES = tuple(_png_uri(c) for c in ((200, 40, 40), (40, 200, 40), (40, 40, 200)))
 
 
 def _user(turn, state, left, reward=None):
@@ -62,6 +87,7 @@ def _known():
       "episode": 1,
       "context_truncated": False,
       "reply_starts": [1, 2, 3],
+      "turn_frames": list(FRAMES),  # as validation writes them for a visual environment
   }
 
 
@@ -86,6 +112,7 @@ def _adversarial():
       "seed": 1,
       "episode": 0,
       "context_truncated": True,
+      "turn_frames": [EVIL_FRAMES[0], EVIL_FRAMES[1]],
   }
 
 
@@ -147,6 +174,7 @@ def test_episode_view_of_known_trajectory():
   assert [s["actions_left"] for s in view["steps"]] == [10, 9, 7]
   assert (view["env"], view["seed"], view["group_id"], view["episode"]) == ("sokoban", 10004, 4, 1)
   assert view["success"] is True and view["context_truncated"] is False
+  assert [s["frame"] for s in view["steps"]] == list(FRAMES)
 
 
 def test_episode_view_of_malformed_replies_and_old_records():
@@ -161,6 +189,11 @@ def test_episode_view_of_malformed_replies_and_old_records():
   junk = viewer.episode_view({"messages": [None, {"role": "assistant"}, {"role": "user"}]})
   assert [s["reply"] for s in junk["steps"]] == ["", None]
   assert viewer.episode_view({})["steps"] == []
+  # A frame that is not a bounded PNG data URI is dropped; a record without frames has none.
+  assert [s["frame"] for s in steps] == [None, None, None]
+  for bad in EVIL_FRAMES:
+    assert viewer.episode_view({**_known(), "turn_frames": [bad]})["steps"][0]["frame"] is None
+  assert all(s["frame"] is None for s in viewer.episode_view(_third())["steps"])
 
 
 def test_page_holds_every_turn_and_survives_hostile_text(tmp_path):
@@ -188,6 +221,8 @@ def test_page_holds_every_turn_and_survives_hostile_text(tmp_path):
   for grid in GRIDS:
     assert json.dumps(grid)[1:-1] in text
   assert "Again down \\u0026 the box \\u003clands\\u003e on O." in text
+  assert all(frame in text for frame in FRAMES)
+  assert "javascript:" not in text and "onerror" not in text  # _adversarial's frames dropped
   # Self-contained: nothing is fetched.
   for ref in ("http://", "https://", "src=", "href=", "@import"):
     assert ref not in text
@@ -246,12 +281,16 @@ def test_chromium_renders_turns_and_navigates(tmp_path):
     assert think.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;") in dom
   assert "Trajectory 1: sokoban" in dom and "10 actions left" in dom
   assert dom.count('class="card turn"') == 3
+  # A visual trajectory: each turn's image beside its text.
+  for turn, frame in enumerate(FRAMES, 1):
+    assert f'<img class="frame" alt="turn {turn} image" src="{frame}">' in dom
   # The URL hash selects a trajectory: #2 is the hostile one, rendered as inert text.
   dom = _headless(chromium, tmp_path, url + "#2", "--dump-dom")
   assert 'id="counter">2 / 3<' in dom
   assert "&lt;/script&gt;&lt;b&gt;x&lt;!-- &amp; --&gt;" in dom
   assert "Reply did not parse" in dom and "(empty reply)" in dom
   assert "<b>x" not in dom and "alert(1)</script>" not in dom
+  assert '<img class="frame"' not in dom and "onerror" not in dom and "javascript:" not in dom
   dom = _headless(chromium, tmp_path, url + "#3", "--dump-dom")
   assert 'id="counter">3 / 3<' in dom
   assert "Phoenix sounds risky." in dom and "Pull an arm." in dom and GRIDS[0] not in dom

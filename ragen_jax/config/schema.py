@@ -403,6 +403,27 @@ def from_config(config) -> Experiment:
   return exp
 
 
+def check_images(exp: Experiment, model: models.ModelConfig) -> None:
+  """A vision-language model (Qwen2.5-VL: `model.vision`) plays environments drawn as images
+  (`image_shape`) only, and each of those needs one; raises ValueError naming the tags. The model
+  is the run's architecture (`train.policy.model_config`: a checkpoint's config.json decides)."""
+  drawn = [e.tag for e in exp.envs if getattr(e.make(), "image_shape", None) is not None]
+  text = [e.tag for e in exp.envs if e.tag not in drawn]
+  name = exp.model.checkpoint or exp.model.preset
+  if model.vision is not None and text:
+    _fail(
+        f"model {name!r} is a vision-language model (Qwen2.5-VL), which plays environments "
+        f"drawn as images only, and envs {text} are text: use a visual environment "
+        "(visual_sokoban, visual_frozenlake: configs/visual_*_ppo.py) or a text model"
+    )
+  if model.vision is None and drawn:
+    _fail(
+        f"envs {drawn} are drawn as images and need a vision-language model, and model "
+        f"{name!r} (model_type {model.model_type!r}) takes none: use model.preset=tiny-vl, or "
+        "a Qwen2.5-VL checkpoint (the :qwen2.5-vl-3b variant)"
+    )
+
+
 def describe(exp: Experiment) -> Dict[str, Any]:
   """A JSON-serialisable view (logged at start)."""
   return dataclasses.asdict(exp)

@@ -16,7 +16,15 @@ from ragen_jax import envs as envs_lib
 from ragen_jax import models
 from ragen_jax import rollout as rollout_lib
 
-MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "qwen3-4b", "qwen3-8b")
+MODELS = (
+    "qwen2.5-0.5b",
+    "qwen2.5-1.5b",
+    "qwen2.5-3b",
+    "qwen2.5-7b",
+    "qwen3-4b",
+    "qwen3-8b",
+    "qwen2.5-vl-3b",  # Qwen2.5-VL: the visual configs only (config.schema checks the envs)
+)
 # Real models whose weights `python -m ragen_jax.models.fetch NAME` puts in the cache (no
 # --config.model.checkpoint needed): variant -> (fetch name, preset of its shapes).
 FETCHED = {"smollm2": ("smollm2-135m-instruct", "smollm2-135m")}
@@ -29,6 +37,11 @@ HARDWARE = {
     # TPU v5e-8: 8 chips x 16 GB, fsdp over all 8
     "v5e8": dict(devices=8, memory_gib=16, platform="tpu"),
 }
+# Episodes a step on one H100 with float32 weights and moments (no params=): 80 GB hold the 3B's
+# ~46 GiB of them plus the KV cache of 64 episodes x 3600 tokens (8.5 GiB), Qwen2.5-VL-3B's ~56
+# GiB (its tower's 0.67B parameters) that of 32; more groups (sokoban_ppo samples 8) take smaller
+# ones. bfloat16 weights (params=bf16) leave room for RAGEN's 128 (65 GiB in all).
+FP32_H100_EPISODES = {"qwen2.5-3b": 64, "qwen2.5-vl-3b": 32}
 # Scales of the tiny model (no model=): smoke and debug, seconds on a CPU; gpu, one accelerator.
 SCALES = ("smoke", "debug", "gpu")
 # What is stored and trained (`params=`): bf16, bfloat16 weights updated from float32 AdamW
@@ -48,6 +61,7 @@ VARIANTS = (
     *(f"{q}-{h}" for q in ("qwen2.5-0.5b", "qwen2.5-3b") for h in HARDWARE),
     *(f"{q}-h100-bf16" for q in ("qwen2.5-3b", "qwen2.5-7b")),
     *(f"{q}-h100-lora" for q in ("qwen2.5-3b", "qwen2.5-7b", "qwen3-4b", "qwen3-8b")),
+    *(f"qwen2.5-vl-3b-h100-{p}" for p in ("bf16", "lora")),
 )
 
 
@@ -100,7 +114,8 @@ def apply_variant(config: ml_collections.ConfigDict, arg) -> ml_collections.Conf
   """Applies `configs/x.py:<arg>` (`parse_variant`): the model, then the hardware, then the scale.
 
   model=qwen2.5-*: a real checkpoint (`--config.model.checkpoint=DIR`, required) with its own
-    tokenizer, no warm start, RAGEN's learning rates and lengths.
+    tokenizer, no warm start, RAGEN's learning rates and lengths; qwen2.5-vl-3b (Qwen2.5-VL-3B,
+    whose weights no machine of this project reaches: never run here) for the visual configs.
   model=smollm2 (`FETCHED`): the fetched SmolLM2-135M-Instruct GGUF, sized for a 2-core CPU,
     with LoRA; params=full trains every weight instead.
   params=bf16: bfloat16 weights (actor, critic, reference) with float32 AdamW moments.
@@ -184,11 +199,11 @@ def _hardware_variant(config, preset: str, hardware: str) -> None:
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, 8, 1
   groups = sum(e.train_groups for e in config.envs.values())
   full_fp32 = config.model.param_dtype == "float32" and not config.model.lora.rank
-  if preset == "qwen2.5-3b" and hardware == "h100" and full_fp32:
-    # 80 GB hold the 3B's ~46 GiB of fp32 weights and AdamW moments plus the KV cache of at most
-    # 64 episodes x 3600 tokens (8.5 GiB): more groups (sokoban_ppo samples 8) take smaller ones.
-    # bfloat16 weights (params=bf16) leave room for RAGEN's 128 (65 GiB in all).
-    while groups * config.rollout.group_size > 64 and config.rollout.group_size > 1:
+  if preset in FP32_H100_EPISODES and hardware == "h100" and full_fp32:
+    while (
+        groups * config.rollout.group_size > FP32_H100_EPISODES[preset]
+        and config.rollout.group_size > 1
+    ):
       config.rollout.group_size //= 2
   if hardware == "h100":
     # The rollout's bfloat16 KV cache within 36 GiB of the 80: Qwen3's 8 kv heads take 0.56 GiB

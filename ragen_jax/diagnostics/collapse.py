@@ -4,7 +4,11 @@
     turns = diagnostics.collect_turns(results, tokenizer)      # every step: cheap, host side
     metrics = diagnostics.step_metrics(turns)                  # valid-thinking rate, lengths
     if trainer.due(step, cfg.compute_freq, first=True):    # ragen_jax.train.trainer
-      mi, ema = collapse.compute(model, turns, cfg, rng, ema, pad_id=..., temperature=...)
+      mi, ema = collapse.compute(model, turns, cfg, rng, ema, pad_id=..., temperature=...,
+                                 frames=prompt_images.of_results(results))
+
+In a visual environment each prompt is scored with its own frames (diagnostics.prompt_images),
+as the policy saw them when it sampled; `frames` defaults to text alone.
 
 Metric names: `collapse/<family>/<mi_metrics name>` for family first_turn and multi_turn, plus
 `collapse/<family>/num_samples` and `num_columns`, and `timing_s/collapse_<family>`. The per-family
@@ -20,6 +24,7 @@ import numpy as np
 
 from ragen_jax.config_checks import check_fields, NonNegativeInt, PositiveInt
 from ragen_jax.diagnostics import mutual_info
+from ragen_jax.diagnostics import prompt_images
 from ragen_jax.diagnostics import scoring
 from ragen_jax.diagnostics import turns as turns_lib
 
@@ -48,8 +53,10 @@ def family_metrics(
     micro_batch: int,
     temperature: float,
     std_ema: Optional[float],
+    frames: prompt_images.NoFrames | prompt_images.StepFrames = prompt_images.NoFrames(),
 ) -> Dict[str, float]:
-  """mi_metrics of one sampled family under `model` (floats)."""
+  """mi_metrics of one sampled family under `model` (floats), each prompt with its frames."""
+  images = frames.for_columns(sample.column_frames)
   logp_sum, num_tokens = scoring.cross_logprobs(
       model,
       sample.reasonings,
@@ -57,12 +64,13 @@ def family_metrics(
       pad_id=pad_id,
       micro_batch=micro_batch,
       temperature=temperature,
+      images=images,
   )
   m = mutual_info.mi_metrics(
       logp_sum,
       num_tokens,
       sample.prompt_index,
-      column_ids_P=sample.column_ids,
+      column_ids_P=images.column_ids(sample.column_ids),
       std_ema=None if std_ema is None else np.float32(std_ema),
   )
   out = {k: float(v) for k, v in jax.device_get(m).items()}
@@ -80,8 +88,10 @@ def compute(
     *,
     pad_id: int,
     temperature: float = 1.0,
+    frames: prompt_images.NoFrames | prompt_images.StepFrames = prompt_images.NoFrames(),
 ) -> Tuple[Dict[str, float], Dict[str, float]]:
   """Both families on one step's turns: (metrics, updated per-family EMA of the marginal std).
+  `frames`: the step's frames (`prompt_images.of_results`), for a visual environment.
 
   A family with no valid reasoning is skipped (its EMA is kept); `collapse/<family>/num_samples`
   is then logged as 0 so an empty family is visible rather than silently absent.
@@ -101,6 +111,7 @@ def compute(
         micro_batch=cfg.micro_batch,
         temperature=temperature,
         std_ema=std_ema.get(family),
+        frames=frames,
     )
     new_ema[family] = m["marginal_std_ema"]
     metrics.update({f"collapse/{family}/{k}": v for k, v in m.items()})

@@ -4,7 +4,9 @@ RAGEN-2 runs N forward passes over all N·K concatenations [x_j | z_i]. Here eac
 encoded once: x_j without its last token is prefilled into a KV cache (P rows), and each pair
 (i, j) then appends only [last token of x_j, z_i] to a copy of row j, so a pair costs |z_i| + 1
 tokens of compute instead of |x_j| + |z_i| (x is the whole multi-turn context, z a few dozen
-tokens). Teacher forcing gives every z token's log-prob; they are summed per pair.
+tokens). Teacher forcing gives every z token's log-prob; they are summed per pair. Prompts of a
+visual environment are prefilled with their frames (`images`, diagnostics.prompt_images), so the
+rows' caches hold what the policy saw and carry the rope delta the images imply.
 
 Dimensions: S sampled reasonings, P prompt columns (padded to Pp), W prompt width (bucketed,
 left-padded), M pairs per micro-batch, C appended chunk width (bucketed, right-padded),
@@ -22,14 +24,14 @@ import numpy as np
 from ragen_jax import models
 from ragen_jax import sampling
 from ragen_jax.algos import logprobs as logprobs_lib
+from ragen_jax.diagnostics import prompt_images
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "capacity"))
-def _prefill(graphdef, params, ids_PxW, mask_PxW, *, capacity: int) -> models.KVCache:
+def _prefill(graphdef, params, ids_PxW, mask_PxW, images, *, capacity: int) -> models.KVCache:
   model = nnx.merge(graphdef, params)
   cache = models.init_cache(model.config, ids_PxW.shape[0], capacity)
-  _, cache = model.backbone(ids_PxW, mask_PxW, cache=cache)
-  return cache
+  return images.prefill(model, ids_PxW, mask_PxW, cache)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
@@ -73,6 +75,7 @@ def cross_logprobs(
     pad_id: int,
     micro_batch: int = 64,
     temperature: float = 1.0,
+    images: prompt_images.TextPrompts | prompt_images.FramePrompts = prompt_images.TextPrompts(),
 ) -> Tuple[np.ndarray, np.ndarray]:
   """(logp_sum_SxP, num_tokens_S): log p(z_i | x_j) summed over z_i's tokens, by teacher forcing.
 
@@ -83,6 +86,8 @@ def cross_logprobs(
     pad_id: padding token.
     micro_batch: M pairs per jitted call (memory: M cache rows of W + C slots).
     temperature: the scoring temperature (the policy's sampling temperature, as veRL scores).
+    images: what the prompts show beside their tokens: TextPrompts (nothing), or FramePrompts
+      (the P prompts' frames, spliced into their image blocks).
   """
   s, p = len(reasonings), len(prompts)
   if not s or not p or min(map(len, reasonings)) < 1 or min(map(len, prompts)) < 1:
@@ -99,7 +104,9 @@ def cross_logprobs(
       ids[j, width - n :] = x[:-1]
       mask[j, width - n :] = 1
   graphdef, params = nnx.split(model)
-  cache = _prefill(graphdef, params, jnp.asarray(ids), jnp.asarray(mask), capacity=width + chunk)
+  cache = _prefill(
+      graphdef, params, jnp.asarray(ids), jnp.asarray(mask), images.rows(pp), capacity=width + chunk
+  )
 
   # Pairs (i, j), row-major, padded to whole micro-batches with copies of pair (0, 0).
   pairs = np.stack(np.meshgrid(np.arange(s), np.arange(p), indexing="ij"), -1).reshape(-1, 2)

@@ -4,7 +4,8 @@ For every assistant turn of every episode (host side, from the typed episodes of
 `RolloutResult`s):
   x = the tokens the model saw before writing that turn, ending with the generation prefix
       `<think>` (so `<think>` belongs to x): the episode's earlier turns and this turn's context
-      (with a context window, the turn's own prompt);
+      (with a context window, the turn's own prompt); in a visual environment x also shows the
+      frames of the turns its prompt holds (`shown`, diagnostics.prompt_images);
   z = the reasoning between `<think>` and `</think>` of the reply, special tokens removed,
       whitespace stripped, tokenised on its own. A turn with empty or unclosed reasoning is not
       valid (its share is the valid-thinking rate).
@@ -49,6 +50,8 @@ class ReasoningTurn:
   turn: int  # 0-based
   context: np.ndarray  # int32 [|x|]
   reasoning: Tuple[int, ...]  # z's tokens; empty = not a valid thinking turn
+  shown: Tuple[int, ...] = ()  # the episode's turns that x holds (this one last): whose frames
+  # its image blocks show in a visual environment
 
 
 def collect_turns(results: Dict[str, object], tokenizer) -> List[ReasoningTurn]:
@@ -60,7 +63,8 @@ def collect_turns(results: Dict[str, object], tokenizer) -> List[ReasoningTurn]:
         text = reasoning_text(turn.text)
         z = tuple(tokenizer.encode(text)) if text else ()
         x = np.array(ep.seen(t), np.int32)  # what the reply was sampled after
-        turns.append(ReasoningTurn(episode, (tag, int(ep.group_id)), t, x, z))
+        shown = tuple(range(turn.shown_from, t + 1))  # a window's kept turns, or all so far
+        turns.append(ReasoningTurn(episode, (tag, int(ep.group_id)), t, x, z, shown))
       episode += 1
   return turns
 
@@ -91,6 +95,8 @@ class Sample:
   prompts: List[np.ndarray]  # P column contexts
   prompt_index: np.ndarray  # int32 [S], z_i's own column
   column_ids: np.ndarray  # int32 [P], equal for token-identical prompts
+  # (episode, turns shown) of each column: its frames in a visual environment
+  column_frames: List[Tuple[int, Tuple[int, ...]]] = dataclasses.field(default_factory=list)
 
   @property
   def num_samples(self) -> int:
@@ -113,10 +119,12 @@ def first_turn_sample(
   chosen = [valid[i] for i in sorted(picks)]
   columns: Dict[Tuple[str, int], int] = {}
   contexts: List[np.ndarray] = []
+  column_frames = []
   for t in chosen:
     if t.group not in columns:
       columns[t.group] = len(contexts)
       contexts.append(t.context)
+      column_frames.append((t.episode, t.shown))  # the group's start state: one frame
     elif not np.array_equal(contexts[columns[t.group]], t.context):
       raise ValueError(
           f"first-turn prompts of group {t.group} differ; a group must share its " "start state"
@@ -126,6 +134,7 @@ def first_turn_sample(
       contexts,
       np.array([columns[t.group] for t in chosen], np.int32),
       _column_ids(contexts),
+      column_frames,
   )
 
 
@@ -150,4 +159,5 @@ def multi_turn_sample(
       contexts,
       np.arange(len(chosen), dtype=np.int32),
       _column_ids(contexts),
+      [(t.episode, t.shown) for t in chosen],
   )

@@ -25,6 +25,7 @@ from ragen_jax.config_checks import OneOf
 from ragen_jax.config_checks import PositiveFloat
 from ragen_jax.config_checks import PositiveInt
 from ragen_jax.models.attention import IMPLEMENTATIONS
+from ragen_jax.models.vision_config import qwen25_vl_3b_vision
 from ragen_jax.models.vision_config import tiny_vision
 from ragen_jax.models.vision_config import vision_table
 from ragen_jax.models.vision_config import VisionConfig
@@ -344,6 +345,10 @@ PRESETS: dict[str, ModelConfig] = {
     "qwen2.5-1.5b": _qwen25(1536, 8960, 28, 12, 2, tied=True),
     "qwen2.5-3b": _qwen25(2048, 11008, 36, 16, 2, tied=True),
     "qwen2.5-7b": _qwen25(3584, 18944, 28, 28, 4, tied=False, vocab=152064),
+    # Qwen2.5-VL-3B-Instruct (config.json): the 3B decoder, 128,000 positions, the vision tower.
+    "qwen2.5-vl-3b": _qwen25(2048, 11008, 36, 16, 2, tied=True).replace(
+        max_position_embeddings=128000, model_type=VISION_FAMILY, vision=qwen25_vl_3b_vision()
+    ),
     # Qwen3 (config.json of Qwen/Qwen3-*): head_dim 128 whatever the width; 8B unties the head.
     "qwen3-0.6b": _qwen3(1024, 3072, 28, 16, tied=True),
     "qwen3-1.7b": _qwen3(2048, 6144, 28, 16, tied=True),

@@ -27,6 +27,7 @@ import functools
 from flax import nnx
 from flax import struct
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax import vision as image_prep
@@ -126,10 +127,13 @@ class Qwen2_5_VL(Qwen2):
     features_IxD = self.visual(pixels_PxC, *layout)
     return features_IxD.reshape(n, -1, features_IxD.shape[-1])
 
-  def frames_backbone(self, input_ids_BxT, attention_mask_BxT, frames_BxNxHxWx3, train_tower):
-    """Final-normed hidden states (and None) of rows whose k-th image is their k-th frame
-    (frames past a row's images are ignored), M-RoPE positions from the ids on the device
-    (`mrope.fixed_grid_positions`); without `train_tower` no gradient reaches the tower."""
+  def frames_backbone(
+      self, input_ids_BxT, attention_mask_BxT, frames_BxNxHxWx3, train_tower, cache=None
+  ):
+    """(final-normed hidden states, the updated cache or None) of rows whose k-th image is their
+    k-th frame (frames past a row's images are ignored), M-RoPE positions from the ids on the
+    device (`mrope.fixed_grid_positions`); without `train_tower` no gradient reaches the tower.
+    With a `cache` (empty: the tokens are a prefill) it keeps the rows' rope delta."""
     b, n = frames_BxNxHxWx3.shape[:2]
     features_BNxIxD = self.frame_features(
         frames_BxNxHxWx3.reshape((b * n,) + frames_BxNxHxWx3.shape[2:])
@@ -140,18 +144,23 @@ class Qwen2_5_VL(Qwen2):
     m = self.config.vision.spatial_merge_size
     h, w = frames_BxNxHxWx3.shape[2:4]
     patch = self.config.vision.patch_size
+    rows, cols = h // patch // m, w // patch // m
+    image_token_id = self.config.vision.image_token_id
     positions_3xBxT = mrope.fixed_grid_positions(
-        input_ids_BxT,
-        attention_mask_BxT,
-        image_token_id=self.config.vision.image_token_id,
-        rows=h // patch // m,
-        cols=w // patch // m,
+        input_ids_BxT, attention_mask_BxT, image_token_id=image_token_id, rows=rows, cols=cols
     )
+    # Each image's rows * cols tokens advance the positions by max(rows, cols) (mrope doc).
+    image_tokens_B = jnp.sum(
+        (input_ids_BxT == image_token_id) & (attention_mask_BxT > 0), axis=1, dtype=jnp.int32
+    )
+    rope_delta_B = image_tokens_B // (rows * cols) * (max(rows, cols) - rows * cols)
     return self.decoder(
         input_ids_BxT,
         attention_mask_BxT,
         image_features_IxD=features_BxJxD,
         positions_BxT=positions_3xBxT,
+        rope_delta_B=rope_delta_B,
+        cache=cache,
     )
 
   def _image_arguments(self, images: ImageInputs | None) -> dict:

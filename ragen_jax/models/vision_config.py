@@ -133,6 +133,13 @@ def tiny_vision(first_token_id: int) -> VisionConfig:
   )
 
 
+def qwen25_vl_3b_vision() -> VisionConfig:
+  """The tower of Qwen/Qwen2.5-VL-3B-Instruct's config.json: 32 blocks of width 1280 (16 heads,
+  SwiGLU 3420); its window, patches, merge, full-attention blocks, M-RoPE split and token ids are
+  the fields' defaults."""
+  return VisionConfig(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16)
+
+
 def vision_table(v: VisionConfig, out_size: int) -> dict:
   """The tower's parameters {name: (shape, logical axes)}: the patch embedding, Lv stacked blocks
   (q, k, v in one kernel as in transformers) and the patch merger to the decoder's width D =

@@ -209,6 +209,8 @@ class Episode:
   env_done: bool = False  # the environment ended the episode (not the turn or action budget)
   tools: Tuple[Any, ...] = ()  # the environment's ragen_jax.envs.tools.Tool records
   tool_result: bool = False  # `observation` is a tool call's result (shown as the template does)
+  turn_frames: List[str] = dataclasses.field(default_factory=list)  # visual environments'
+  # validation records: each turn's frame, a PNG data URI (rollout.images.record_frames)
 
   @property
   def tool_schemas(self) -> Optional[List[Dict[str, Any]]]:
@@ -291,6 +293,7 @@ class Episode:
         env=self.env,
         seed=int(self.seed),
         episode=int(self.index_in_group),
+        **({"turn_frames": list(self.turn_frames)} if self.turn_frames else {}),
     )
 
 

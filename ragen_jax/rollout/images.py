@@ -8,6 +8,7 @@
     play = shown.start(model_inputs, b, max_turns, per_prompt)   # one batch's (a model's) play
     play.chunk(turn, frames_BxHxWx3, ids_BxC, mask_BxC)          # sampling.ChunkImages, or None
     shown.attach(batch, frames_KxBxHxWx3, layout.row_turns(eps, k))  # each training row's frames
+    shown.record_frames(result)           # validation: each turn's frame in the episode records
 
 An image is Qwen2.5-VL's block `<|vision_start|>` + n x `<|image_pad|>` + `<|vision_end|>`,
 opening the user's message (after the reward text of the last turn). Its ids come from the
@@ -28,18 +29,26 @@ re-prefills the kept turns' and the current one), so they are gathered from the 
 the tower never sees a frame twice. At most `per_prompt` images a chunk (1 in full context,
 k + 1 with a window of k turns) keeps the gathered shape static.
 
+For people (validation's `eval/step_<s>.jsonl`, the trajectory viewer), each turn's frame is
+kept in its episode's record as a PNG data URI (`Episode.turn_frames`), encoded on the host:
+about 0.55 kB of PNG, 0.75 kB as base64, a turn for 84x84 Sokoban; 0.5 kB for 56x56 FrozenLake.
+
 Dimension legend: B rows, C appended chunk length, H x W x 3 a frame, P patches of a frame,
 I image tokens of a frame, D model width.
 """
 
+import base64
 import functools
+import io
 from typing import Any, Tuple
 
 from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from PIL import Image
 
+from ragen_jax import distributed
 from ragen_jax import sampling
 from ragen_jax import vision
 from ragen_jax.models import mrope
@@ -87,6 +96,9 @@ class TextTurns:
   def attach(self, batch, frames, row_turns):
     del frames, row_turns
     return batch
+
+  def record_frames(self, result) -> None:
+    del result
 
 
 class ImageTurns:
@@ -159,6 +171,17 @@ class ImageTurns:
     frames = frames_KxBxHxWx3[turn_RxN, episode_R[:, None]]
     return batch.replace(frames_BxNxHxWx3=frames)
 
+  def record_frames(self, result) -> None:
+    """Sets each episode's `turn_frames` (a RolloutResult's): the frame of every turn it
+    played, a PNG data URI. Every process calls it (the frames may span processes)."""
+    if result.frames_KxBxHxWx3 is None:  # no turn was played
+      return
+    frames_BxKxHxWx3 = distributed.local_rows(
+        jnp.swapaxes(result.frames_KxBxHxWx3, 0, 1), 0, len(result.episodes)
+    )
+    for ep, frames_KxHxWx3 in zip(result.episodes, frames_BxKxHxWx3):
+      ep.turn_frames = [png_data_uri(frames_KxHxWx3[t]) for t in range(len(ep.turns))]
+
 
 class FrameFeatures:
   """One batch's image features, a slot per turn, and the chunks that show them (module doc)."""
@@ -194,6 +217,13 @@ class FrameFeatures:
         spatial_merge_size=config.vision.spatial_merge_size,
     )
     return sampling.ChunkImages(features_BxJIxD, positions_3xBxC, rope_delta_B)
+
+
+def png_data_uri(frame_HxWx3: np.ndarray) -> str:
+  """A uint8 RGB frame as a `data:image/png;base64,...` URI (lossless)."""
+  buffer = io.BytesIO()
+  Image.fromarray(np.asarray(frame_HxWx3, np.uint8)).save(buffer, "PNG", optimize=True)
+  return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 @functools.partial(jax.jit, donate_argnames=("kept_KxBxIxD",))

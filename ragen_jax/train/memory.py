@@ -2,16 +2,13 @@
 
 Terms (bytes per device, the mesh dividing what it shards):
   params       actor parameters (the model's param_dtype), split over the axes of their
-               logical names, LoRA adapters included
+               logical names, LoRA adapters and a Qwen2.5-VL's vision tower included
   optimizer    AdamW's two moments (ppo.moment_dtype) plus the float32 sum of the micro-batches'
-               gradients, of what is trained: every parameter, or with LoRA (model.lora.rank > 0)
-               the adapters
-  vision       a Qwen2.5-VL's vision tower (replicated, in the parameters' dtype) and, with
-               full fine-tuning, its moments and float32 gradient sum (zeros while the tower is
-               frozen, `ppo.train_vision_tower` off: the optimizer's tree holds it all the same);
-               0 for a text model. The frames a batch carries (uint8) and the tower's forward
-               over a micro-batch's frames are small beside the decoder's terms, not counted
-  critic       the separate critic's parameters, moments and gradient (0 for GRPO / shared)
+               gradients, of what is trained: every parameter (the vision tower too: the
+               optimizer's tree holds it even while `ppo.train_vision_tower` is off, its moments
+               zeros), or with LoRA (model.lora.rank > 0) the adapters
+  critic       the separate critic's parameters, moments and gradient (0 for GRPO / shared; a
+               Qwen2.5-VL's critic is its text decoder alone)
   reference    the frozen reference policy, in the parameters' dtype (only with the KL loss; 0
                with LoRA, whose reference is the actor's own base weights)
   teacher      the distillation teacher (ppo.distill_teacher): its parameters in their dtype
@@ -23,6 +20,18 @@ Terms (bytes per device, the mesh dividing what it shards):
                allocates (`RolloutConfig.cache_slots`: with a context window max_context bounds
                one turn's prompt and reply, so S does not grow with the turns), B over
                data x fsdp and K over the tensor axis
+  frames       the uint8 frames the training batch carries (environments drawn as images, with
+               a vision-language model; 0 otherwise): rows x N x H x W x 3 over data x fsdp, N the
+               frames a row shows (max_turns in full context, min(k + 1, max_turns) with a
+               window of k turns; a row per turn then)
+  tower        the vision tower's activations (0 without frames): `tower_activations` of the
+               rollout's call over one turn's frames of a batch (the training batch's or a
+               validation batch's, the larger), forward only, plus the features the rollout keeps
+               for every turn (max_turns x B x I x D); and with `ppo.train_vision_tower` (without
+               LoRA, whose gradient never reaches the tower) that of the update over a micro-batch's U x N frames, every block kept for the backward.
+               A frozen tower's update forward ends before the decoder's activations peak. The
+               tower attends over one [P, P] square of the call's P patches (masked to windows
+               and frames), so the scores grow with the square of the frames in a call
   activations  the train step's live activations for one micro-batch of U rows of T tokens
                (rows: episodes, or episodes x max_turns with a context window; T max_context, a
                bound: a run pads its rows to the longest rounded up to trainer.pad_multiple):
@@ -42,6 +51,15 @@ Terms (bytes per device, the mesh dividing what it shards):
                model without. The fused kernels (cuDNN, splash) keep no scores. `remat` takes
                effect under the layer scan only (`qwen2.scans_layers`: unrolled, XLA keeps the
                recomputed layers' internals after all, measured on the tiny model).
+`tower_activations`: per call of P patches (Pq of them this device's queries, frames over
+data x fsdp; the keys every patch of the call), its Hv heads over tensor, besides the float32
+pixel values (Pq x C x 4): forward only, one block's internals (~(4Dv + 2Fv) per patch), one
+float32 score per head, query and key, and two boolean [Pq, P] masks (same frame, same window);
+kept for the backward, every block's internals (~(10Dv + 4Fv) per patch), its scores at 8 + the
+activations' bytes each (the float32 scores and probabilities, and the cast probabilities) and
+its boolean [Pq, P] mask. Fitted to XLA's buffer assignment of the tiny-vl tower's
+forward and gradient on CPU (8-32 frames of 84 and 56 pixels); tests/memory_vision_test.py holds
+the estimate to it.
 It is an estimate for choosing micro_batches, remat and the mesh, not an allocator's ledger:
 tests/memory_test.py holds the activations within 25% of XLA's buffer assignment on CPU (the
 tiny model at 512-2048 tokens, SmolLM2-135M with LoRA at 256). Not counted: with full fine-tuning
@@ -59,10 +77,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax import models
+from ragen_jax import vision
 from ragen_jax.models import attention
 from ragen_jax.models import lora
 from ragen_jax.models import qwen2
-from ragen_jax.models.vision_config import vision_params
+from ragen_jax.models.vision_config import vision_table
+from ragen_jax.models.vision_config import VisionConfig
 
 GIB = 2.0**30
 # Bytes per score XLA's attention computes (a query and a key of its block's prefix), per layer
@@ -100,6 +120,51 @@ def lora_elements(c: models.ModelConfig, lora_config, sharder) -> float:
     for a_shape, a_axes in lora.adapter_shapes(target, shape, axes, lora_config.rank):
       total += _sharded(tuple(zip(a_shape, a_axes)), sharder)  # A [L, *in, r], B [L, r, *out]
   return total
+
+
+def tower_activations(
+    v: VisionConfig, frames: float, patches: int, kept: bool, abytes: int, sharder
+) -> float:
+  """Live bytes on one device of one vision-tower call over `frames` frames of `patches` patches
+  each (module doc): forward only, or with every block `kept` for the backward."""
+  queries = _sharded(((frames, "batch"),), sharder) * patches
+  keys = frames * patches  # one [P, P] square over the call's patches
+  heads = _sharded(((v.num_heads, "heads"),), sharder)
+  dv, fv = v.hidden_size, v.intermediate_size
+  pixels = queries * v.patch_values * 4  # float32 pixel values
+  if kept:
+    block = (10 * dv + 4 * fv) * abytes + keys * (heads * (8 + abytes) + 1)
+    return pixels + v.depth * queries * block
+  return pixels + queries * ((4 * dv + 2 * fv) * abytes + keys * (heads * 4 + 2))
+
+
+def _frame_shape(exp):
+  """(H, W, 3) of the environments' frames (the largest), None when none is drawn as images."""
+  shapes = [getattr(e.make(), "image_shape", None) for e in exp.envs]
+  return max((s for s in shapes if s is not None), default=None, key=np.prod)
+
+
+def _vision_terms(exp, c: models.ModelConfig, sharder, rows, micro, lora_config):
+  """The frames and tower terms (module doc): 0 for a text model or text environments."""
+  shape = _frame_shape(exp) if c.vision is not None else None
+  if shape is None:
+    return {"frames": 0.0, "tower": 0.0}
+  v, r, abytes = c.vision, exp.rollout, jnp.dtype(c.dtype).itemsize
+  h, w, _ = shape
+  patches = int(np.prod(vision.grid_thw(h, w)))
+  shown = r.max_turns if r.window is None else min(r.window + 1, r.max_turns)
+  frames = _sharded(((rows, "batch"),), sharder) * shown * h * w * 3
+  # A rollout runs each turn's frames of its batch through the tower at once.
+  played = max(
+      max(e.train_groups for e in exp.envs) * r.group_size,
+      min(max(e.val_groups for e in exp.envs), r.val_batch_groups) * r.val_group_size,
+  )
+  features = r.max_turns * _sharded(((played, "batch"),), sharder) * patches / v.merge_unit
+  tower = tower_activations(v, played, patches, False, abytes, sharder)
+  tower += features * c.hidden_size * abytes
+  if exp.ppo.train_vision_tower and lora_config is None:  # LoRA's adapters are the decoder's
+    tower += tower_activations(v, micro * shown, patches, True, abytes, sharder)
+  return {"frames": frames, "tower": tower}
 
 
 def scoring_activations(
@@ -143,11 +208,11 @@ def estimate(
   n_trained = n_lora if lora_config is not None else n_param
   # Adapters are float32 whatever param_dtype (models/lora.py).
   out = {"params": n_param * pbytes + n_lora * 4.0, "optimizer": n_trained * opt_bytes}
-  n_vision = 0 if c.vision is None else vision_params(c.vision, c.hidden_size)
-  out["vision"] = n_vision * (pbytes + (opt_bytes if lora_config is None else 0.0))
   separate = ppo.uses_critic and ppo.critic == "separate"
-  # A separate critic, copied from the policy with its adapters, trains every weight.
-  critic_bytes = n_param * pbytes + n_lora * 4.0 + (n_param + n_lora) * opt_bytes
+  # A separate critic, copied from the policy's decoder with its adapters, trains every weight.
+  tower = {} if c.vision is None else vision_table(c.vision, c.hidden_size)
+  n_critic = n_param - sum(_sharded(tuple(zip(*dims)), sharder) for dims in tower.values())
+  critic_bytes = n_critic * pbytes + n_lora * 4.0 + (n_critic + n_lora) * opt_bytes
   out["critic"] = critic_bytes if separate else 0
   out["reference"] = n_param * pbytes if ppo.use_kl_loss and lora_config is None else 0.0
   out["teacher"] = 0.0
@@ -169,6 +234,7 @@ def estimate(
   )
   rows = exp.train_episodes * (r.max_turns if r.window is not None else 1)  # a row per turn
   micro = rows // (ppo.num_minibatches * ppo.micro_batches)
+  out.update(_vision_terms(exp, c, sharder, rows, micro, lora_config))
   t = r.max_context
   tokens = _sharded(((micro, "batch"),), sharder) * t
   models_trained = 2 if out["critic"] else 1

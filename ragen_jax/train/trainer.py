@@ -85,7 +85,8 @@ EnvironmentFailure = guards.EnvironmentFailure
 
 class ConfigError(ValueError):
   """The command's config cannot run: a bad value (schema.from_config), a mesh the devices
-  do not fit, or a change from the config the workdir's checkpoints were trained under."""
+  do not fit, a model that does not see its environments' kind (`schema.check_images`), or a
+  change from the config the workdir's checkpoints were trained under."""
 
 
 def _config_json(config, indent=None) -> str:
@@ -120,6 +121,7 @@ def train(
     try:
       exp = _as_config_error(schema.from_config, config)
       sharders = _as_config_error(_mesh, exp)
+      _as_config_error(lambda: schema.check_images(exp, policy_lib.model_config(exp)))
       ckpt = checkpoints.Checkpointer(
           os.path.join(workdir, "checkpoints"), keep=exp.trainer.keep_checkpoints
       )
@@ -362,6 +364,7 @@ class Trainer:
           self.host.collapse_ema,
           pad_id=self.tok.pad_id,
           temperature=self.exp.rollout.temperature,
+          frames=diagnostics.step_frames(results),  # a visual environment's prompts' frames
       )
       metrics.update(mi)
       metrics["timing_s/collapse_metrics"] = time.perf_counter() - tic

@@ -5,6 +5,9 @@ Every environment tag plays `val_groups` groups (group g starts from the level o
 in batches of at most `rollout.val_batch_groups` groups. A last, partial batch still plays a
 full one (same shapes, no recompile) and keeps only its first groups.
 
+A visual environment's records also carry each turn's frame (`turn_frames`, PNG data URIs;
+rollout.images), which the viewer shows beside the turn's text.
+
 Metrics: `val/<tag>/<metric>` per tag, `val/<metric>` pooled over tags, and
 `val/<tag>/pass@k` (k = val_group_size: any success within a group).
 """
@@ -56,6 +59,7 @@ def run(exp, val_engines, policy) -> Tuple[Dict[str, float], List[rollout_lib.Ep
     per_episode = {}
     for start, seed, keep in batches(exp, spec, engine):
       result = engine.run(policy, jax.random.fold_in(key, start), seed=seed)
+      engine.shown.record_frames(result)  # a visual environment's frames, for the records
       batching.add_env_metrics(engine.env, result)
       for name, values in result.metrics.items():
         per_episode.setdefault(name, []).append(values[:keep])

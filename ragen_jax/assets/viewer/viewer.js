@@ -1,5 +1,6 @@
 // Renders the trajectories of the JSON blob #ragen-data (inlined by ragen_jax/viewer.py).
-// Model text only ever reaches the page through textContent, so it can never become markup.
+// Model text only ever reaches the page through textContent, so it can never become markup;
+// a frame only through an <img>'s src, and only as the PNG data URI viewer.py checked.
 (function () {
   "use strict";
   var data = JSON.parse(document.getElementById("ragen-data").textContent);
@@ -102,6 +103,13 @@
     }
     var cols = el("div", "cols");
     var left = el("div"), right = el("div");
+    if (step.frame) {  // a visual environment: the image the model saw (a checked data URI)
+      left.appendChild(el("div", "label", "Image"));
+      var img = el("img", "frame");
+      img.alt = "turn " + step.turn + " image";
+      img.src = step.frame;
+      left.appendChild(img);
+    }
     left.appendChild(el("div", "label", "State"));
     left.appendChild(el("pre", "state", step.state));
     if (step.reply === null) {
