@@ -8,6 +8,10 @@ NumPy path (transformers' pixel_values and image_grid_thw), padded rows included
 on the rollouts' batches (full context and a window's rows, GRPO and GAE with the text-only
 critic) is checked against the sampler's log-probs and a NumPy GAE.
 
+With dynamic sampling, a batch assembled from two rounds' groups carries each kept episode's own
+frames (as its round showed them) and the update's forward reproduces the sampler's log-probs on
+it.
+
 Dimension legend: B episodes, T sequence, K turns, V vocab.
 """
 
@@ -33,8 +37,10 @@ from ragen_jax.algos import train_step
 from ragen_jax.algos.step_records import ModelGraph
 from ragen_jax.algos.step_records import StepSpec
 from ragen_jax.models import mrope
+from ragen_jax.rollout import episodes as episodes_lib
 from ragen_jax.rollout import images
 from ragen_jax.train import batching
+from ragen_jax.train import dynamic_sampling
 from references import ref_gae  # pylint: disable=g-bad-import-order
 from tiny import rollout_config  # pylint: disable=g-bad-import-order
 
@@ -353,3 +359,78 @@ def test_positions_on_the_device_equal_the_hosts():
       jnp.asarray(ids), jnp.asarray(mask), image_token_id=99, rows=2, cols=3
   )
   np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_taken_episodes_carry_their_frames_by_hand():
+  """Column j of the frames is picked episode j's; a result that played fewer turns (or none:
+  no frames) is blank past its own."""
+  rng = np.random.default_rng(1)
+  a = rng.integers(1, 256, (2, 3, 4, 4, 3), np.uint8)  # 2 turns, 3 episodes
+  b = rng.integers(1, 256, (3, 2, 4, 4, 3), np.uint8)  # 3 turns, 2 episodes
+
+  def result(frames, n, first_seed):
+    eps = [rollout.Episode(first_seed + i, [], None, 1, 1) for i in range(n)]
+    return rollout.RolloutResult(None, {}, {}, eps, frames)
+
+  results = [result(a, 3, 0), result(None, 2, 10), result(b, 2, 20)]
+  picks = [(2, 1), (0, 0), (1, 1), (0, 2)]
+  eps, frames = episodes_lib.take_episodes(results, picks)
+  assert [ep.seed for ep in eps] == [21, 0, 11, 2]
+  want = np.zeros((3, 4, 4, 4, 3), np.uint8)
+  want[:, 0] = b[:, 1]
+  want[:2, 1] = a[:, 0]
+  want[:2, 3] = a[:, 2]
+  np.testing.assert_array_equal(np.asarray(frames), want)
+  assert episodes_lib.take_episodes([result(None, 2, 0)], [(0, 1)])[1] is None  # text
+
+
+def test_dynamic_sampling_rows_splice_each_kept_episodes_frames(model, monkeypatch):
+  """Round 0's group 1 and round 1's group 0 (level seeds 1 and 100) are the only groups with
+  reward spread: the batch is assembled from two rounds. Each row carries the frames its episode
+  was shown in its own round, and the update's first forward on the batch reproduces the
+  sampler's log-probs; given another row's frames it does not."""
+  outcome = rollout.Rollout._outcome  # pylint: disable=protected-access
+
+  def spread_on_levels_1_and_100(engine, ep, result, turn):
+    outcome(engine, ep, result, turn)
+    spread = turn == 1 and ep.seed in (1, 100) and ep.index_in_group == 1
+    ep.turns[-1].env_reward, ep.turns[-1].penalty, ep.turns[-1].shaping = float(spread), 0, 0
+
+  monkeypatch.setattr(rollout.Rollout, "_outcome", spread_on_levels_1_and_100)
+  engine = rollout.Rollout(envs.make("visual_sokoban"), TOK, rollout_config())
+  rounds, run = [], engine.run
+  monkeypatch.setattr(engine, "run", lambda *args: rounds.append(run(*args)) or rounds[-1])
+  result = dynamic_sampling.play_groups(
+      engine, rollout.ModelPolicy(model), 3, jax.random.key, lambda r: 100 * r
+  )
+  assert len(rounds) == 2 and [ep.seed for ep in result.episodes] == [1, 1, 100, 100]
+  kept = [(0, 2), (0, 3), (1, 0), (1, 1)]  # (round, episode) of each row
+  frames = np.asarray(result.batch.frames_BxNxHxWx3)
+  everything = np.asarray(result.frames_KxBxHxWx3)
+  mask = np.asarray(result.batch.attention_mask_BxT) > 0
+  for i, (r, e) in enumerate(kept):
+    own, n = rounds[r], len(result.episodes[i].turns)
+    assert n == len(own.episodes[e].turns) >= 1
+    np.testing.assert_array_equal(frames[i, :n], np.asarray(own.batch.frames_BxNxHxWx3)[e, :n])
+    np.testing.assert_array_equal(everything[:n, i], np.asarray(own.frames_KxBxHxWx3)[:n, e])
+    own_mask = np.asarray(own.batch.attention_mask_BxT)[e] > 0
+    assert (
+        np.asarray(result.batch.tokens_BxT)[i][mask[i]].tolist()
+        == np.asarray(own.batch.tokens_BxT)[e][own_mask].tolist()
+    )
+  assert not np.array_equal(frames[0, 0], frames[2, 0])  # the two levels look different
+  batch = batching.join_batches([result.batch], 64, TOK.pad_id)
+  width = algos.response_width(batch.loss_mask_BxT)
+  cfg = algos.PPOConfig(adv_estimator="grpo", num_minibatches=2, vocab_chunk=64)
+  step = algos.make_train_step(model, None, cfg, temperature=TEMPERATURE)
+
+  def probs_diff_max(b):
+    state = algos.init_train_state(model, None, cfg, jax.random.key(1))
+    _, metrics = step(state, jax.tree.map(jnp.asarray, b), jax.random.key(2), response_width=width)
+    return float(metrics["training/rollout_probs_diff_max"])
+
+  assert probs_diff_max(batch) < 1e-7
+  # The rows of one round given the other round's frames fail the check (~4e-6 here, ~5e-10
+  # with their own): the update's forward splices each row's frames.
+  swapped = batch.replace(frames_BxNxHxWx3=batch.frames_BxNxHxWx3[[2, 3, 0, 1]])
+  assert probs_diff_max(swapped) > 1e-7

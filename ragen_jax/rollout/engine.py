@@ -211,14 +211,8 @@ class Rollout:
 
     eps, stats, turn_steps = rows.gather(eps, stats, turn_steps)
     stats["decode_steps"] = sum(turn_steps)
-    result = episodes_lib.to_result(eps, c, self.layout, self.tok.pad_id, stats)
-    # (pylint takes text turns' None, rollout.images.TextTurns, for the only case.)
-    result.frames_KxBxHxWx3 = self.shown.stack(  # pylint: disable=assignment-from-none
-        frames_by_turn
-    )
-    result.batch = self.shown.attach(
-        result.batch, result.frames_KxBxHxWx3, self.layout.row_turns(eps, c.max_turns)
-    )
+    frames_KxBxHxWx3 = self.shown.stack(frames_by_turn)  # pylint: disable=assignment-from-none
+    result = episodes_lib.to_result(eps, c, self.layout, self.tok.pad_id, stats, frames_KxBxHxWx3)
     total = time.perf_counter() - t_start
     host = total - timing["decode_s"] - timing["env_s"]
     result.summary.update(timing, total_s=total, host_s=host)

@@ -5,8 +5,9 @@ Dimension legend: B episodes, T tokens, K turns (max_turns).
 """
 
 import dataclasses
-from typing import Annotated, Any, Dict, List, Optional, Tuple
+from typing import Annotated, Any, Dict, List, Optional, Sequence, Tuple
 
+import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax import sampling
@@ -302,14 +303,23 @@ class RolloutResult:
   metrics: Dict[str, np.ndarray]  # per episode, [B]
   summary: Dict[str, float]  # batch means, pass@group_size, cost counters, timings
   episodes: List[Episode]  # typed host records (Episode.to_json: what files hold)
-  # Visual environments (rollout.images): the frame each row was shown at each turn played,
-  # uint8 [K, B, H, W, 3] on the device (episode i's turn t showed frames[t - 1, i]); else None.
+  # Visual environments (rollout.images): the frame each episode was shown at each turn played,
+  # uint8 [K, B, H, W, 3] on the device (episode i's turn t showed frames[t - 1, i]; turns past
+  # an episode's own are never shown); else None.
   frames_KxBxHxWx3: Any = None
 
 
-def to_result(eps: List[Episode], c: RolloutConfig, layout, pad_id: int, stats: Dict[str, int]):
+def to_result(
+    eps: List[Episode],
+    c: RolloutConfig,
+    layout,
+    pad_id: int,
+    stats: Dict[str, int],
+    frames_KxBxHxWx3=None,
+):
   """The RolloutResult of a batch's episodes: the training batch in the rows of `layout`
-  (rollout.layouts), and metrics."""
+  (rollout.layouts), each row with the frames of the turns it shows (`frames_KxBxHxWx3`: those
+  of a visual environment's episodes, column i episode i's; None for text), and metrics."""
   group_ids = np.array([ep.group_id for ep in eps], np.int32)
   scores = np.array([ep.score for ep in eps], np.float32)
   failed = np.array([bool(ep.env_error) for ep in eps])
@@ -334,11 +344,39 @@ def to_result(eps: List[Episode], c: RolloutConfig, layout, pad_id: int, stats: 
       turns=turns,
       row_episodes_R=row_episodes_R,
   )
+  batch = layout.shown.attach(batch, frames_KxBxHxWx3, layout.row_turns(eps, c.max_turns))
   summary = {name: float(np.mean(v)) for name, v in metrics.items()}
   group_success = metrics["success"].reshape(c.env_groups, c.group_size).max(axis=1)
   summary[f"pass@{c.group_size}"] = float(np.mean(group_success))
   summary.update({k: float(v) for k, v in stats.items()})
-  return RolloutResult(batch, metrics, summary, eps)
+  return RolloutResult(batch, metrics, summary, eps, frames_KxBxHxWx3)
+
+
+def take_episodes(
+    results: Sequence[RolloutResult], picks: Sequence[Tuple[int, int]]
+) -> Tuple[List[Episode], Any]:
+  """The episodes `picks` names ((result, episode) each, in order) and their frames: column j
+  of uint8 [K, len(picks), H, W, 3] (on the device) is picked episode j's, K the most turns of
+  any result; None when no result has frames. With the picked episodes, `to_result` rebuilds
+  what one rollout of those episodes gives: the rows, and the rows' frames."""
+  eps = [results[r].episodes[e] for r, e in picks]
+  frames = [result.frames_KxBxHxWx3 for result in results]
+  shown = [f for f in frames if f is not None]
+  if not shown:
+    return eps, None
+  k, like = max(f.shape[0] for f in shown), shown[0]
+  # Turns a result did not play (none at all: no frames) are blank; no row shows them.
+  grown = [
+      (
+          jnp.zeros((k, len(r.episodes)) + like.shape[2:], like.dtype)
+          if f is None
+          else jnp.pad(f, [(0, k - f.shape[0])] + [(0, 0)] * (f.ndim - 1))
+      )
+      for f, r in zip(frames, results)
+  ]
+  starts = np.cumsum([0] + [len(r.episodes) for r in results])
+  columns = np.array([starts[r] + e for r, e in picks], np.int32)
+  return eps, jnp.concatenate(grown, axis=1)[:, columns]
 
 
 def empty_rows(rows: int, width: int, pad_id: int) -> Dict[str, np.ndarray]:

@@ -23,8 +23,10 @@ counter of (step, round) apart from the training levels) with the round's key
      targets still train the critic. Their share is logged (`rollout/trained_zero_std_share`).
 
 The picked groups keep their played order and are renumbered 0..G-1; the batch is rebuilt from
-their episodes (`episodes.to_result`), so it is exactly what the engine builds for those
-episodes. When the picks are round 0's groups in order, round 0's result is used as it is.
+their episodes and, with a visual environment, their frames (`episodes.take_episodes`, then
+`episodes.to_result`), so it is exactly what the engine builds for those episodes: each row
+shows its own turns' frames. When the picks are round 0's groups in order, round 0's result is
+used as it is.
 
 StarPO-S filtering (ppo.filter_*) then runs inside the train step on the refilled batch: it keeps
 a share of a fixed batch, whereas dynamic sampling pays more rollouts to fill the batch with
@@ -112,16 +114,22 @@ def _cost_keys() -> Tuple[str, ...]:
 
 
 def _assemble(engine, results, picks: List[Tuple[int, int]]) -> episodes_lib.RolloutResult:
-  """The result of the picked groups' episodes, renumbered 0..G-1 in pick order."""
+  """The result of the picked groups' episodes, renumbered 0..G-1 in pick order, with their
+  frames (a visual environment's)."""
   n = engine.config.group_size
+  taken, frames_KxBxHxWx3 = episodes_lib.take_episodes(
+      results, [(r, g * n + i) for r, g in picks for i in range(n)]
+  )
   eps = []
   for slot, (r, g) in enumerate(picks):
-    group = results[r].episodes[g * n : (g + 1) * n]
+    group = taken[slot * n : (slot + 1) * n]
     if any(ep.group_id != g for ep in group):
       raise ValueError(f"round {r}: the episodes of group {g} are out of order")
     eps += [dataclasses.replace(ep, group_id=slot) for ep in group]
   stats = dict.fromkeys(engine_lib.COUNTERS, 0)  # summed over the rounds by the caller
-  return episodes_lib.to_result(eps, engine.config, engine.layout, engine.tok.pad_id, stats)
+  return episodes_lib.to_result(
+      eps, engine.config, engine.layout, engine.tok.pad_id, stats, frames_KxBxHxWx3
+  )
 
 
 def metrics(results: Dict[str, episodes_lib.RolloutResult]) -> Dict[str, float]:
