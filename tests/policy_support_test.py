@@ -25,6 +25,7 @@ from ragen_jax import vision
 from ragen_jax.algos.step_losses import policy_forward
 from ragen_jax.algos.step_records import ModelGraph
 from ragen_jax.algos.step_records import param_dict
+from references import ref_token_logprobs  # pylint: disable=g-bad-import-order
 
 TEMPERATURE = 0.8
 START, END, PAD = 2048, 2049, 2050  # the tiny-vl preset's vision_start, vision_end, image_pad
@@ -44,14 +45,6 @@ def favouring():
   # A small final-norm scale keeps the logits near 1, where float32 resolves small probabilities.
   model.decoder.final_norm[...] = jnp.full((64,), 0.05)
   return model
-
-
-def log_softmax_without(logits_BxTxV, excluded):
-  """float64 log-probs over the vocabulary with `excluded` columns removed (-inf there)."""
-  logits = np.asarray(logits_BxTxV, np.float64) / TEMPERATURE
-  logits[..., list(excluded)] = -np.inf
-  top = logits.max(-1, keepdims=True)
-  return logits - (np.log(np.exp(logits - top).sum(-1, keepdims=True)) + top)
 
 
 def test_only_vision_models_exclude_tokens():
@@ -113,8 +106,7 @@ def test_a_favoured_vision_token_is_never_sampled_and_the_update_agrees(favourin
   )
   # Unmasked, the first reply token would be the image pad with probability ~1.
   assert np.all(np.asarray(jax.nn.softmax(logits[:, width - 1] / TEMPERATURE))[:, PAD] > 0.99)
-  ref_BxTxV = log_softmax_without(logits, excluded)[:, width - 1 : -1]
-  ref_BxN = np.take_along_axis(ref_BxTxV, tokens_BxN[..., None], -1)[..., 0]
+  ref_BxN = ref_token_logprobs(logits, full_BxT, TEMPERATURE, excluded)[:, width - 1 :]
   sampled_BxN = np.asarray(out.logprobs_BxN)
   np.testing.assert_allclose(sampled_BxN, ref_BxN, atol=1e-5)
 
