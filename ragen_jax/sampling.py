@@ -24,6 +24,8 @@ only real slots, so holes never change the logits.
 Log-probs: `logprobs[b, i]` is log softmax(logits / temperature) of the sampled token, i.e. under
 the temperature-scaled distribution before top-k / top-p truncation (what a trainer recomputes
 with a full forward pass). Greedy decoding (temperature 0) reports temperature-1 log-probs.
+The model's `config.excluded_token_ids` (Qwen2.5-VL's vision tokens) are never sampled: their
+logits are -inf here and the trainer's scorers give them no mass either.
 
 A decode step is the model's own forward over one token per row (`Qwen2.decode`): the loop
 carries the cache one array per layer (`models.LayerCache`, made once per call) and each layer's
@@ -200,9 +202,12 @@ def filter_logits(
   return scaled_BxV
 
 
-def _sample(logits_BxV, key, *, temperature, top_k, top_p):
-  """(token_B, logprob_B) of one sampling step."""
+def _sample(logits_BxV, key, *, temperature, top_k, top_p, excluded_ids=()):
+  """(token_B, logprob_B) of one sampling step; `excluded_ids` (`ModelConfig.
+  excluded_token_ids`) are outside the distribution, as every scorer of policy tokens has it."""
   logits_BxV = logits_BxV.astype(jnp.float32)
+  if excluded_ids:  # no mask at all without them: text programs are unchanged
+    logits_BxV = logits_BxV.at[:, jnp.asarray(excluded_ids, jnp.int32)].set(-jnp.inf)
   if temperature == 0.0:
     token_B = jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
     logp_BxV = jax.nn.log_softmax(logits_BxV, axis=-1)
@@ -247,7 +252,11 @@ def _decode(
   pad_id = options.pad_id
   stops = (options.stop_token_ids, options.stop_sequences)
   sample = functools.partial(
-      _sample, temperature=options.temperature, top_k=options.top_k, top_p=options.top_p
+      _sample,
+      temperature=options.temperature,
+      top_k=options.top_k,
+      top_p=options.top_p,
+      excluded_ids=model.config.excluded_token_ids,
   )
   full_cache = cache
   window = cache.capacity if window is None else window

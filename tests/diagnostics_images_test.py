@@ -118,7 +118,9 @@ def test_compute_scores_each_family_with_its_columns_frames(step, monkeypatch):
 
 
 def _log_softmax(logits):
-  logits = np.asarray(logits, np.float64)
+  """float64 log-probs over the policy's support: the vision tokens (2048-2051) excluded."""
+  logits = np.array(logits, np.float64)
+  logits[..., 2048:2052] = -np.inf
   top = logits.max(-1, keepdims=True)
   return logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
 

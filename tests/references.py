@@ -1,5 +1,5 @@
 """Independent references the tests share: NumPy loops for the advantage estimators
-(`rl_math.md`), transformers' logits, the comparison of two runs' logged scalars, a run cut back
+(`rl_math.md`), token log-probs, transformers' logits, the comparison of two runs' logged scalars, a run cut back
 to one of its checkpoints, and a reader of W&B's offline run files."""
 
 import glob
@@ -12,6 +12,18 @@ import numpy as np
 
 # Timings differ between any two runs; every other scalar of a resumed run equals the original's.
 _TIMING = ("timing_s/", "perf/")
+
+
+def ref_token_logprobs(logits_BxTxV, tokens_BxT, temperature, excluded=()):
+  """float64 [B, T - 1]: log-prob of each next token under logits / temperature, the `excluded`
+  ids (the vision tokens, outside a policy's support) left out of the normaliser."""
+  logits = np.asarray(logits_BxTxV, np.float64) / temperature
+  support = logits.copy()
+  support[..., list(excluded)] = -np.inf
+  top = support.max(-1, keepdims=True)
+  logz = np.log(np.exp(support - top).sum(-1)) + top[..., 0]
+  picked = np.take_along_axis(logits[:, :-1], tokens_BxT[:, 1:, None], axis=-1)[..., 0]
+  return picked - logz[:, :-1]
 
 
 def ref_masked_whiten(x, m):

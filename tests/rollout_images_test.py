@@ -42,10 +42,12 @@ from ragen_jax.rollout import images
 from ragen_jax.train import batching
 from ragen_jax.train import dynamic_sampling
 from references import ref_gae  # pylint: disable=g-bad-import-order
+from references import ref_token_logprobs  # pylint: disable=g-bad-import-order
 from tiny import rollout_config  # pylint: disable=g-bad-import-order
 
 TOK = tokenizers.load("sentencepiece")
 TEMPERATURE = 0.8  # tiny.rollout_config's
+VISION_TOKENS = (2048, 2049, 2050, 2051)  # the tiny-vl preset's
 
 
 @pytest.fixture(scope="module")
@@ -97,12 +99,9 @@ def largest_change(before, after) -> float:
 
 
 def token_logprobs(logits_BxTxV, tokens_BxT, temperature):
-  """float64 [B, T - 1]: log-prob of each next token under logits / temperature (NumPy)."""
-  logits = np.asarray(logits_BxTxV, np.float64) / temperature
-  top = logits.max(-1, keepdims=True)
-  logz = np.log(np.exp(logits - top).sum(-1)) + top[..., 0]
-  picked = np.take_along_axis(logits[:, :-1], tokens_BxT[:, 1:, None], axis=-1)[..., 0]
-  return picked - logz[:, :-1]
+  """float64 [B, T - 1]: log-prob of each next token over the policy's support (the vision
+  tokens excluded: `ModelConfig.excluded_token_ids`)."""
+  return ref_token_logprobs(logits_BxTxV, tokens_BxT, temperature, VISION_TOKENS)
 
 
 def test_image_turn_tokens_by_hand():

@@ -20,7 +20,13 @@ NEG_BIG = -1e30
 
 
 def chunked_logprobs_entropy(
-    hidden_BxTxD, unembed_DxV, targets_BxT, chunk=8192, temperature=1.0, with_entropy=True
+    hidden_BxTxD,
+    unembed_DxV,
+    targets_BxT,
+    chunk=8192,
+    temperature=1.0,
+    with_entropy=True,
+    excluded_ids=(),
 ):
   """log p(target) and entropy of softmax(h·W / τ), without materialising [B, T, V].
 
@@ -28,6 +34,10 @@ def chunked_logprobs_entropy(
   a = Σ e^(z−m)·z and the target logit:
     lse = m + log s,  logp = z_target − lse,  H = lse − a/s   (= lse − Σ softmax(z)·z)
   Each chunk rescales the carries by e^(m_old − m_new). Differentiable in h and W.
+
+  `excluded_ids` (static; `ModelConfig.excluded_token_ids`) lie outside the distribution, as
+  the sampler masks them: no mass in lse or H. An excluded target (only ever a prompt's vision
+  token, never a trained one) keeps its logit: a finite log-prob, not −∞.
 
   Returns:
     (logp_BxT float32, entropy_BxT float32, zeros when with_entropy is False).
@@ -55,6 +65,10 @@ def chunked_logprobs_entropy(
     col_1x1xC = (start + jnp.arange(chunk))[None, None, :]
     # Padded columns carry no mass. A finite floor (not -inf) keeps 0·z and its gradient finite.
     z_BxTxC = jnp.where(col_1x1xC < vocab, z_BxTxC, NEG_BIG)
+    target_z_BxTxC = z_BxTxC
+    if excluded_ids:  # no mask at all without them: text programs are unchanged
+      excluded_1x1xC = jnp.isin(col_1x1xC, jnp.asarray(excluded_ids, jnp.int32))
+      z_BxTxC = jnp.where(excluded_1x1xC, NEG_BIG, z_BxTxC)
     m_new = jnp.maximum(m, jnp.max(z_BxTxC, axis=-1))
     scale = jnp.exp(m - m_new)
     p_BxTxC = jnp.exp(z_BxTxC - m_new[..., None])
@@ -62,7 +76,7 @@ def chunked_logprobs_entropy(
     if with_entropy:
       a = a * scale + jnp.sum(p_BxTxC * z_BxTxC, axis=-1)
     hit_BxTxC = col_1x1xC == targets_BxT[..., None]
-    tgt = tgt + jnp.sum(jnp.where(hit_BxTxC, z_BxTxC, 0.0), axis=-1)
+    tgt = tgt + jnp.sum(jnp.where(hit_BxTxC, target_z_BxTxC, 0.0), axis=-1)
     return (m_new, s, a, tgt), None
 
   init = (
@@ -87,6 +101,7 @@ def sequence_logprobs(
     temperature=1.0,
     with_entropy=True,
     positions_BxR=None,
+    excluded_ids=(),
 ):
   """Log-probs in the rollout-batch convention: position t scores tokens[t] from hidden[t − 1].
 
@@ -95,14 +110,21 @@ def sequence_logprobs(
   With `positions_BxR` (`response_positions`) the unembedding and softmax run at those R
   positions alone and every other position gets 0: an update trains only the assistant's
   tokens, a small share of a multi-turn conversation, and at a small vocabulary the [B, T, V]
-  logits and their softmax are a large part of a training pass.
+  logits and their softmax are a large part of a training pass. `excluded_ids`: as for
+  `chunked_logprobs_entropy`.
 
   Returns:
     (logp_BxT, entropy_BxT) float32.
   """
   if positions_BxR is None:
     logp, ent = chunked_logprobs_entropy(
-        hidden_BxTxD[:, :-1], unembed_DxV, tokens_BxT[:, 1:], chunk, temperature, with_entropy
+        hidden_BxTxD[:, :-1],
+        unembed_DxV,
+        tokens_BxT[:, 1:],
+        chunk,
+        temperature,
+        with_entropy,
+        excluded_ids,
     )
     pad = ((0, 0), (1, 0))
     return jnp.pad(logp, pad), jnp.pad(ent, pad)
@@ -110,7 +132,13 @@ def sequence_logprobs(
   take = lambda x, idx: jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), 1)
   hidden_BxRxD = take(hidden_BxTxD, jnp.maximum(pos_BxR - 1, 0))
   logp_BxR, ent_BxR = chunked_logprobs_entropy(
-      hidden_BxRxD, unembed_DxV, take(tokens_BxT, pos_BxR), chunk, temperature, with_entropy
+      hidden_BxRxD,
+      unembed_DxV,
+      take(tokens_BxT, pos_BxR),
+      chunk,
+      temperature,
+      with_entropy,
+      excluded_ids,
   )
   rows_Bx1 = jnp.arange(tokens_BxT.shape[0])[:, None]
   # Distinct positions per row (a permutation's prefix): every set lands once; unmasked ones get 0.

@@ -54,6 +54,7 @@ def policy_forward(
       spec.temperature,
       with_entropy,
       positions,
+      model.config.excluded_token_ids,
   )
   return logp_BxT, entropy_BxT, hidden_BxTxD
 

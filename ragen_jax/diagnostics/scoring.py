@@ -58,7 +58,12 @@ def _score(
   hidden_MxCxD, _ = model.backbone(chunk_MxC, chunk_mask_MxC, cache=rows)
   kernel_DxV = model.unembed_kernel().astype(model.config.dtype)
   logp_MxC, _ = logprobs_lib.sequence_logprobs(
-      hidden_MxCxD, kernel_DxV, chunk_MxC, temperature=temperature, with_entropy=False
+      hidden_MxCxD,
+      kernel_DxV,
+      chunk_MxC,
+      temperature=temperature,
+      with_entropy=False,
+      excluded_ids=model.config.excluded_token_ids,
   )
   return jnp.sum(logp_MxC * target_mask_MxC, axis=1)
 

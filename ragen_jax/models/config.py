@@ -278,6 +278,12 @@ class ModelConfig:
     """G, query heads sharing one kv head."""
     return self.num_heads // self.num_kv_heads
 
+  @property
+  def excluded_token_ids(self) -> tuple[int, ...]:
+    """Ids outside the policy's support (never sampled, no mass in any scorer of policy tokens):
+    Qwen2.5-VL's vision tokens, as images are located by id; none for text models."""
+    return () if self.vision is None else self.vision.structure_token_ids
+
   def replace(self, **changes) -> "ModelConfig":
     return dataclasses.replace(self, **changes)
 
@@ -441,14 +447,8 @@ ParamTable = dict[str, tuple[tuple[int, ...], tuple[str, ...]]]
 
 def kernel_table(c: ModelConfig) -> ParamTable:
   """The stacked linear kernels, the part of `layer_table` that LoRA adapters can target."""
-  l, d, h, k, dh, f = (
-      c.num_layers,
-      c.hidden_size,
-      c.num_heads,
-      c.num_kv_heads,
-      c.head_dim,
-      c.intermediate_size,
-  )
+  l, d, h, k = c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads
+  dh, f = c.head_dim, c.intermediate_size
   return {
       "q_kernel": ((l, d, h, dh), ("layers", "embed", "heads", "head_dim")),
       "k_kernel": ((l, d, k, dh), ("layers", "embed", "kv_heads", "head_dim")),

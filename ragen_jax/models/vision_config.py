@@ -86,6 +86,18 @@ class VisionConfig:
       raise ValueError(f"mrope_section must be 3 sizes (t, h, w), got {self.mrope_section}")
 
   @property
+  def structure_token_ids(self) -> tuple[int, ...]:
+    """The vision tokens: an image's (or video's) block is built of them in a prompt, never
+    sampled in a reply (`ModelConfig.excluded_token_ids`)."""
+    ids = (
+        self.vision_start_token_id,
+        self.vision_end_token_id,
+        self.image_token_id,
+        self.video_token_id,
+    )
+    return tuple(sorted(ids))
+
+  @property
   def head_dim(self) -> int:
     """Dhv."""
     return self.hidden_size // self.num_heads

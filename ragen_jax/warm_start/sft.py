@@ -79,7 +79,11 @@ def make_sft_step(model, cfg: SFTConfig):
     m = nnx.merge(graphdef, params, rest)
     hidden_BxTxD, _ = m.backbone(tokens, attn)
     logp, _ = sequence_logprobs(
-        hidden_BxTxD, m.unembed_kernel().astype(hidden_BxTxD.dtype), tokens, with_entropy=False
+        hidden_BxTxD,
+        m.unembed_kernel().astype(hidden_BxTxD.dtype),
+        tokens,
+        with_entropy=False,
+        excluded_ids=m.config.excluded_token_ids,
     )
     maskf = loss_mask.astype(jnp.float32)
     n = jnp.maximum(jnp.sum(maskf), 1.0)
