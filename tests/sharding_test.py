@@ -144,18 +144,23 @@ def test_meshes_give_the_same_rollouts_and_updates_as_one_device():
   # All three axes at once, data among them ((8,1,1), (2,4,1) and (1,4,2) would add only compile
   # time: BENCHMARKS.md, "Sharding on 8 simulated CPU devices").
   meshes = ["1,1,1", "2,2,2"]
+  _check_equal_to_one_device(meshes, _result_on_eight_devices("sharding_equivalence.py", *meshes))
+
+
+def _result_on_eight_devices(script, *args, timeout=900):
+  """The JSON a tests/ script prints on its `RESULT ` line, run on 8 simulated CPU devices."""
   proc = subprocess.run(
-      [sys.executable, "tests/sharding_equivalence.py", *meshes],
+      [sys.executable, os.path.join("tests", script), *args],
       cwd=ROOT,
       env=EIGHT_DEVICES,
       capture_output=True,
       text=True,
-      timeout=900,
+      timeout=timeout,
       check=False,
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
   line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][0]
-  _check_equal_to_one_device(meshes, json.loads(line[len("RESULT ") :]))
+  return json.loads(line[len("RESULT ") :])
 
 
 def _check_equal_to_one_device(meshes, results):
@@ -191,18 +196,7 @@ def test_the_vision_tower_is_split_and_its_logits_with_images_equal_one_device()
   the logits of rows with two frames each agree with one device's to 1e-5, and every tower
   parameter and its AdamW moment lies split by its logical axes (embed over fsdp; heads and mlp
   over tensor): each device holds a shard, not the whole array."""
-  proc = subprocess.run(
-      [sys.executable, "tests/sharding_vision.py"],
-      cwd=ROOT,
-      env=EIGHT_DEVICES,
-      capture_output=True,
-      text=True,
-      timeout=600,
-      check=False,
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][0]
-  got = json.loads(line[len("RESULT ") :])
+  got = _result_on_eight_devices("sharding_vision.py", timeout=600)
   assert got["devices"] == 8 and got["max_abs_logit"] > 0.1
   assert got["max_abs_diff"] < 1e-5
   table = vision_table(models.get_config("tiny-vl").vision, 64)
