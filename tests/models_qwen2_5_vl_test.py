@@ -5,7 +5,8 @@ and loaded by `models.load_hf`. A two-row conversation holds four images of two 
 56x84, pixel values from transformers' own image processor): each row has an image in turn 1 and
 in turn 3, one row is left padded and has padding inside it. The reference logits are
 transformers' with `mm_token_type_ids` (without it transformers silently falls back to 1-D
-positions). Dimension legend: B batch, T tokens, P patches, C values per patch, V vocab.
+positions); transformers' `generate` is the reference of the sampler's greedy decoding.
+Dimension legend: B batch, T tokens, P patches, C values per patch, V vocab.
 """
 
 import json
@@ -20,6 +21,7 @@ import torch
 import transformers
 
 from ragen_jax import models
+from ragen_jax import sampling
 from ragen_jax.models import layers
 from ragen_jax.models import mrope
 from ragen_jax.models import vision
@@ -217,6 +219,49 @@ def test_cached_decoding_after_images_matches_transformers(model, conversation):
   np.testing.assert_array_equal(np.asarray(cache.mask_BxS[:, : real.shape[1]]), real)
   np.testing.assert_array_equal(np.asarray(cache.rope_delta_B), c["hf_deltas"])
   assert np.max(np.abs(cached[real] - c["reference"][real])) <= 1e-4
+
+
+def test_greedy_generate_with_images_equals_transformers_generate(hf, model, conversation):
+  """The sampler's greedy decoding of prompts with an image in turn 1 and in turn 3 (row 1 left
+  padded and padded inside) equals transformers' `generate`, token for token; other images
+  change the tokens (the images reach the decoded reply, not only the prompt's logits)."""
+  c, n = conversation, 8
+  prompt = 2 * CHUNK + 2 * REPLY  # turn 1, its reply, turn 2, turn 3
+  ids, mask = c["ids"][:, :prompt], c["mask"][:, :prompt]
+  with torch.no_grad():
+    hf_tokens = hf.generate(
+        input_ids=torch.tensor(ids, dtype=torch.long),
+        attention_mask=torch.tensor(mask, dtype=torch.long),
+        pixel_values=torch.tensor(c["pixel_values"]),
+        image_grid_thw=torch.tensor(c["grid"]),
+        mm_token_type_ids=torch.tensor((ids == IMAGE).astype(np.int32)),
+        do_sample=False,
+        max_new_tokens=n,
+        min_new_tokens=n,
+        # Our sampler never samples the vision tokens (ModelConfig.excluded_token_ids): keep
+        # them out of transformers' argmax too, so that both choose from the same support.
+        suppress_tokens=list(model.config.excluded_token_ids),
+        pad_token_id=0,
+        eos_token_id=None,
+    )[:, prompt:].numpy()
+  assert hf_tokens.shape == (2, n)
+
+  def greedy(pixel_values):
+    options = sampling.SamplingOptions(max_new_tokens=n, temperature=0.0)
+    out = sampling.generate(
+        model,
+        ids,
+        mask,
+        key=jax.random.key(0),
+        options=options,
+        pixel_values=pixel_values,
+        image_grid_thw=c["grid"],
+    )
+    return np.asarray(out.tokens_BxN)
+
+  np.testing.assert_array_equal(greedy(c["pixel_values"]), hf_tokens)
+  # The same shapes (no new compile) with each image's patches negated: other tokens.
+  assert np.any(greedy(-c["pixel_values"]) != hf_tokens)
 
 
 def test_same_size_images_attend_per_frame(hf, model):
