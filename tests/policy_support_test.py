@@ -26,6 +26,7 @@ from ragen_jax.algos.step_losses import policy_forward
 from ragen_jax.algos.step_records import ModelGraph
 from ragen_jax.algos.step_records import param_dict
 from references import ref_token_logprobs  # pylint: disable=g-bad-import-order
+import tiny  # pylint: disable=g-bad-import-order
 
 TEMPERATURE = 0.8
 START, END, PAD = 2048, 2049, 2050  # the tiny-vl preset's vision_start, vision_end, image_pad
@@ -78,11 +79,8 @@ def test_a_favoured_vision_token_is_never_sampled_and_the_update_agrees(favourin
   frames_Bx1xHxWx3 = rng.integers(0, 256, (2, 1, 56, 56, 3), np.uint8)  # 2 x 2 image tokens
   pixel_values, grid_thw = vision.preprocess(list(frames_Bx1xHxWx3[:, 0]))
   rows = [[5, 6, START] + [PAD] * 4 + [END, 7], [8, START] + [PAD] * 4 + [END, 9, 10, 11]]
-  width = max(len(r) for r in rows)
-  ids_BxT = np.zeros((2, width), np.int32)
-  mask_BxT = np.zeros((2, width), np.int32)
-  for i, r in enumerate(rows):
-    ids_BxT[i, width - len(r) :], mask_BxT[i, width - len(r) :] = r, 1
+  ids_BxT, mask_BxT = tiny.left_padded_rows(rows)
+  width = ids_BxT.shape[1]
   excluded = (START, END, PAD, 2051)  # the vision tokens: image blocks are built of them
   options = sampling.SamplingOptions(max_new_tokens=8, temperature=TEMPERATURE, pad_id=0)
   out = sampling.generate(

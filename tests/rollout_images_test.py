@@ -43,6 +43,7 @@ from ragen_jax.train import batching
 from ragen_jax.train import dynamic_sampling
 from references import ref_gae  # pylint: disable=g-bad-import-order
 from references import ref_token_logprobs  # pylint: disable=g-bad-import-order
+import tiny  # pylint: disable=g-bad-import-order
 from tiny import rollout_config  # pylint: disable=g-bad-import-order
 
 TOK = tokenizers.load("sentencepiece")
@@ -285,11 +286,8 @@ def test_generate_with_images_equals_a_full_forward(model):
       TOK.encode("look:") + block() + TOK.encode("and") + block() + TOK.encode("move"),
       TOK.encode("a longer prompt, then") + block() + TOK.encode("go"),
   ]
-  width = max(len(r) for r in rows)
-  ids = np.zeros((2, width), np.int32)
-  mask = np.zeros((2, width), np.int32)
-  for i, r in enumerate(rows):
-    ids[i, width - len(r) :], mask[i, width - len(r) :] = r, 1
+  ids, mask = tiny.left_padded_rows(rows)
+  width = ids.shape[1]
   options = sampling.SamplingOptions(max_new_tokens=8, temperature=TEMPERATURE, pad_id=0)
   out = sampling.generate(
       model,

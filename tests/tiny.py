@@ -89,6 +89,16 @@ def left_padded_batch(rng, lengths, total, vocab=PARITY_VOCAB):
   return ids, mask
 
 
+def left_padded_rows(rows):
+  """Token ids [len(rows), longest] of the given rows, each at the right end, and their mask."""
+  width = max(len(r) for r in rows)
+  ids = np.zeros((len(rows), width), np.int32)
+  mask = np.zeros_like(ids)
+  for i, r in enumerate(rows):
+    ids[i, width - len(r) :], mask[i, width - len(r) :] = r, 1
+  return ids, mask
+
+
 def rollout_config(**changes) -> rollout.RolloutConfig:
   """2 groups of 2 Sokoban episodes of up to 3 turns. One temperature and cache capacity (1536
   slots) everywhere: the rollout tests share compiled code."""
