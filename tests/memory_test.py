@@ -58,19 +58,20 @@ def test_terms_by_hand_for_the_smoke_config():
   assert est["params"] == 4 * n and est["optimizer"] == 12 * n
   assert est["critic"] == 16 * n  # GAE with a separate critic: params + moments + grad
   assert est["reference"] == 0  # no KL loss
-  # Cache: L=4 layers x B=4 episodes x (768 + 256) slots x K=2 x Dh=32, k and v, float32.
-  assert est["kv_cache"] == 4 * 4 * 1024 * 2 * 32 * 2 * 4
+  # Cache: L=4 layers x B=4 episodes x (512 + 256) slots x K=2 x Dh=32, k and v, float32.
+  assert est["kv_cache"] == 4 * 4 * 768 * 2 * 32 * 2 * 4
   assert est["total"] == pytest.approx(sum(v for k, v in est.items() if k != "total"))
-  # Activations: 2 rows (4 episodes, 2 minibatches) x 768 tokens; actor and critic each keep
+  # Activations: 2 rows (4 episodes, 2 minibatches) x 512 tokens; actor and critic each keep
   # every layer's internals, 4 x (4D + 6F + 2·H·Dh + 2·K·Dh) = 4 x 3,200 float32 per token, and
-  # their attention scores, 2 x 4 layers x 4 heads x 448 keys per token (768 queries in blocks of
-  # 128, each block against its key prefix: (768 + 128) / 2 on average) at 9.5 bytes; plus two
-  # [2, 768, 2048] float32 logits chunks and two float32 copies of the [128, 2048] unembedding.
-  tokens = 2 * 768
-  assert memory.causal_keys(768) == 448 and memory.causal_keys(100) == 100
+  # their attention scores, 2 x 4 layers x 4 heads x 320 keys per token (512 queries in blocks of
+  # 128, each block against its key prefix: (512 + 128) / 2 on average) at 9.5 bytes; plus two
+  # [2, 512, 2048] float32 logits chunks and two float32 copies of the [128, 2048] unembedding.
+  tokens = 2 * 512
+  assert memory.causal_keys(512) == 320 and memory.causal_keys(768) == 448
+  assert memory.causal_keys(100) == 100
   assert est["activations"] == (
       tokens * 4 * 3200 * 4 * 2
-      + tokens * 2 * 4 * 4 * 448 * memory.SCORE_BYTES
+      + tokens * 2 * 4 * 4 * 320 * memory.SCORE_BYTES
       + tokens * 2 * 2048 * 4
       + 2 * 128 * 2048 * 4
   )
@@ -78,7 +79,7 @@ def test_terms_by_hand_for_the_smoke_config():
   # scores, where the layers are scanned (deeper than UNROLLED_LAYERS); the tiny model's 4
   # layers run unrolled, where it saves nothing.
   assert memory.estimate(exp, c.replace(remat=True), _layout()) == est
-  deep = c.replace(num_layers=qwen2.UNROLLED_LAYERS + 2)
+  deep = c.replace(num_layers=qwen2.UNROLLED_LAYERS + 4)
   remat = memory.estimate(exp, deep.replace(remat=True), _layout())
   assert remat["activations"] < memory.estimate(exp, deep, _layout())["activations"] / 10
   line = memory.describe(est, device_bytes=est["total"] / 0.95)
