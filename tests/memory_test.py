@@ -75,6 +75,12 @@ def test_terms_by_hand_for_the_smoke_config():
       + tokens * 2 * 2048 * 4
       + 2 * 128 * 2048 * 4
   )
+  # The smoke variant's one block as long as the rows (model.attention_block) scores every key.
+  assert exp.model.attention_block == exp.rollout.max_context == 512
+  one_block = memory.estimate(exp, c.replace(attention_block=512), _layout())
+  assert one_block["activations"] - est["activations"] == (
+      tokens * 2 * 4 * 4 * (512 - 320) * memory.SCORE_BYTES
+  )
   # Remat keeps one residual per layer instead of every layer's internals, and one layer's
   # scores, where the layers are scanned (deeper than UNROLLED_LAYERS); the tiny model's 4
   # layers run unrolled, where it saves nothing.

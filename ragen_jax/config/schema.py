@@ -139,6 +139,10 @@ class ModelSpec:
   # Self-attention kernel: auto | xla | cudnn | splash (ragen_jax/models/attention.py); auto is
   # cuDNN's fused kernel on an NVIDIA GPU in bf16, splash on a TPU, XLA otherwise.
   attention: Annotated[str, OneOf(models.attention.IMPLEMENTATIONS)] = "auto"
+  # Queries per block of the XLA kernel (models.ModelConfig.attention_block): smaller blocks
+  # compute less of the masked half of the scores, one block the length of the rows compiles
+  # fastest (the :smoke variant's).
+  attention_block: PositiveInt = models.attention.QUERY_BLOCK
   lora: LoraSpec = dataclasses.field(  # low-rank adapters (LoraSpec); rank 0: none
       default_factory=LoraSpec, metadata={"section": dataclasses.asdict}
   )

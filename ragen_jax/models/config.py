@@ -25,6 +25,7 @@ from ragen_jax.config_checks import OneOf
 from ragen_jax.config_checks import PositiveFloat
 from ragen_jax.config_checks import PositiveInt
 from ragen_jax.models.attention import IMPLEMENTATIONS
+from ragen_jax.models.attention import QUERY_BLOCK
 from ragen_jax.models.vision_config import qwen25_vl_3b_vision
 from ragen_jax.models.vision_config import tiny_vision
 from ragen_jax.models.vision_config import vision_table
@@ -174,6 +175,9 @@ class ModelConfig:
     remat: rematerialise each layer in the backward pass (saves memory).
     attention: the self-attention kernel, one of `attention.IMPLEMENTATIONS` (auto picks by
       device and dtype; see ragen_jax/models/attention.py).
+    attention_block: queries per block of the XLA kernel, each block scored against its key
+      prefix: small blocks skip most of the masked half of the scores; one block as long as the
+      sequence makes fewer, larger operations, which compile faster (the tests' smoke runs).
     model_type: the Hugging Face family, one of `FAMILIES` ("qwen2", "qwen3", "llama",
       "qwen2_5_vl"): the class config.json names, and with it `attention_bias` and `qk_norm`.
     rope_scaling: RoPE frequency remapping (Llama 3.1+), a RopeScaling or its dict; None for
@@ -199,6 +203,7 @@ class ModelConfig:
   param_dtype: Any = jnp.float32
   remat: bool = False
   attention: Annotated[str, OneOf(IMPLEMENTATIONS)] = "auto"
+  attention_block: PositiveInt = QUERY_BLOCK
   model_type: str = "qwen2"
   rope_scaling: RopeScaling | None = None
   lora: LoraConfig | None = None

@@ -256,7 +256,7 @@ class Decoder(nnx.Module):
       params, k_cache_BxKxSxDh, v_cache_BxKxSxDh = xs
       if cache is None:
         attend = lambda q, k, v: (
-            attention.causal_self_attention(q, k, v, mask_BxT, implementation),
+            attention.causal_self_attention(q, k, v, mask_BxT, implementation, c.attention_block),
             None,
         )
       else:

@@ -46,9 +46,9 @@ Terms (bytes per device, the mesh dividing what it shards):
                log-prob pass's and its gradient's) and two copies of the [D, V] unembedding in
                vocabulary chunks (both layouts of the chunked matmul, tied or not); and with
                XLA's attention kernel (any float32 run, and every run on CPU) the scores each
-               layer keeps for the backward, SCORE_BYTES per score computed: each block of 128
-               queries is scored against its key prefix (`causal_keys`, ~(T + 128) / 2 keys a
-               query, not T), H heads, one layer's with `remat`, every layer's of every trained
+               layer keeps for the backward, SCORE_BYTES per score computed: each block of
+               `attention_block` queries (128) is scored against its key prefix (`causal_keys`,
+               ~(T + 128) / 2 keys a query, not T), H heads, one layer's with `remat`, every layer's of every trained
                model without. The fused kernels (cuDNN, splash) keep no scores. `remat` takes
                effect under the layer scan only (`qwen2.scans_layers`: unrolled, XLA keeps the
                recomputed layers' internals after all, measured on the tiny model).
@@ -187,7 +187,12 @@ def scoring_activations(
   out = tokens * (d + 4 * d + 2 * f + 2 * hdh) * abytes  # residual + one layer's internals
   out += tokens * min(vocab_chunk, c.vocab_size) * 4
   if attention.resolve(c.attention, c.dtype, c.head_dim, platform) == "xla":
-    out += tokens * _sharded(((c.num_heads, "heads"),), sharder) * causal_keys(t) * SCORE_BYTES
+    out += (
+        tokens
+        * _sharded(((c.num_heads, "heads"),), sharder)
+        * causal_keys(t, c.attention_block)
+        * SCORE_BYTES
+    )
   return out
 
 
@@ -267,7 +272,9 @@ def estimate(
   if attention.resolve(c.attention, c.dtype, c.head_dim, platform) == "xla":
     heads = _sharded(((c.num_heads, "heads"),), sharder)
     layers_kept = 1 if remat else c.num_layers * models_trained
-    out["activations"] += tokens * heads * causal_keys(t) * layers_kept * SCORE_BYTES
+    out["activations"] += (
+        tokens * heads * causal_keys(t, c.attention_block) * layers_kept * SCORE_BYTES
+    )
   if teacher_config is not None:
     tc = teacher_config
     out["teacher"] = param_elements(tc, sharder) * jnp.dtype(tc.param_dtype).itemsize

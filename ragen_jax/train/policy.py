@@ -75,6 +75,7 @@ def build(exp, sharder=None):
         sharding=shard,
         remat=spec.remat,
         attention=spec.attention,
+        attention_block=spec.attention_block,
     )
     tok = tokenizers.load(spec.tokenizer)
   else:
@@ -85,6 +86,7 @@ def build(exp, sharder=None):
         sharding=shard,
         remat=spec.remat,
         attention=spec.attention,
+        attention_block=spec.attention_block,
     )
     tok = load_tokenizer(spec)
   lora_config = spec.lora.config()
