@@ -3,6 +3,7 @@ every frame decodes, cell by cell, back to the text's symbols on thousands of re
 
 import dataclasses
 import functools
+import os
 import re
 
 import jax
@@ -14,12 +15,15 @@ from ragen_jax import envs
 from ragen_jax import rollout
 from ragen_jax import tokenizers
 from ragen_jax import vision
+from ragen_jax.config import cli
+from ragen_jax.config import schema
 from ragen_jax.envs.device import base
 from ragen_jax.envs.device import visual
 from ragen_jax.warm_start import demos
 import tiny  # pylint: disable=g-bad-import-order
 
 TOK = tokenizers.load("sentencepiece")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGE_PAD = 2050  # <|image_pad|> in the shipped vocabulary with the vision tokens
 
 # visual environment -> its text environment (and game of sprites)
@@ -226,6 +230,11 @@ def test_image_format_is_refused_for_text_environments():
       rollout.Rollout(envs.make(name), TOK, config)
   with pytest.raises(ValueError, match="needs a visual environment"):
     envs.make("frozenlake").render_batch(scripted_states(), [0], base.IMAGE)
+  # The config is refused when it is read, naming the key.
+  config = cli.load_config_file(os.path.join(ROOT, "configs", "frozenlake_grpo.py"))
+  config.envs.frozenlake.render_format = base.IMAGE
+  with pytest.raises(ValueError, match="envs.frozenlake: render_format 'image'"):
+    schema.from_config(config)
 
 
 def scripted_states():
