@@ -78,7 +78,7 @@ def test_play_and_text_are_the_text_environments(name):
   for states, outputs, _ in snapshots:
     if outputs is not None:
       jax.tree.map(np.testing.assert_array_equal, outputs[0], outputs[1])
-    for fmt in set(base.RENDER_FORMATS) - {base.IMAGE}:
+    for fmt in base.TEXT_FORMATS:
       rows = range(BATCH)
       assert seen.render_batch(states, rows, fmt) == text.render_batch(states, rows, fmt)
     assert seen.render_batch(states, range(3), base.IMAGE) == [visual.IMAGE_TEXT] * 3

@@ -41,7 +41,8 @@ Info = Dict[str, jax.Array]
 StepResult = Tuple[Any, jax.Array, jax.Array, Info]
 
 IMAGE = "image"  # the state in the frame only (visual environments)
-RENDER_FORMATS = ("grid", "coord", "grid_coord", IMAGE)
+TEXT_FORMATS = ("grid", "coord", "grid_coord")  # RAGEN's: the board as text
+RENDER_FORMATS = TEXT_FORMATS + (IMAGE,)
 SYMBOL_FORMATS = ("grid", "grid_coord")  # the texts that show the grid's symbols: the legend's
 
 
