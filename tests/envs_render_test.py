@@ -117,7 +117,7 @@ def test_rendering_a_host_state_moves_nothing_to_a_device(case):
   env, snapshots = reachable_states(case)
   states = snapshots[2]
   with jax.transfer_guard("disallow"):
-    for fmt in base.RENDER_FORMATS:
+    for fmt in base.TEXT_FORMATS:
       texts = env.render_batch(states, range(8), fmt)
       assert env.render(jax.tree.map(lambda x: x[3], states), fmt) == texts[3]
     if env.name == "sokoban":
@@ -135,7 +135,7 @@ def test_batched_render_equals_per_row_render_on_reachable_states(case):
   for states in snapshots:
     batch = len(states.done)
     one = [jax.tree.map(lambda x, i=i: x[i], states) for i in range(batch)]
-    for fmt in base.RENDER_FORMATS:
+    for fmt in base.TEXT_FORMATS:
       texts = env.render_batch(states, range(batch), fmt)
       assert texts == [env.render(state, fmt) for state in one]
       if reference is not None:

@@ -3,6 +3,8 @@ every frame decodes, cell by cell, back to the text's symbols on thousands of re
 
 import dataclasses
 import functools
+import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -10,9 +12,19 @@ import numpy as np
 import pytest
 
 from ragen_jax import envs
+from ragen_jax import rollout
+from ragen_jax import tokenizers
 from ragen_jax import vision
+from ragen_jax.config import cli
+from ragen_jax.config import schema
 from ragen_jax.envs.device import base
 from ragen_jax.envs.device import visual
+from ragen_jax.warm_start import demos
+import tiny  # pylint: disable=g-bad-import-order
+
+TOK = tokenizers.load("sentencepiece")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+IMAGE_PAD = 2050  # <|image_pad|> in the shipped vocabulary with the vision tokens
 
 # visual environment -> its text environment (and game of sprites)
 GAMES = {"visual_sokoban": "sokoban", "visual_frozenlake": "frozenlake"}
@@ -55,7 +67,7 @@ def test_play_and_text_are_the_text_environments(name):
   """The same transitions, rewards, flags and text in every format on 2,176 reachable states;
   levels, rules and text are the text environment's own functions, options and defaults."""
   seen, text, snapshots = play(name)
-  for method in ("reset", "reset_batch", "step", "render", "render_batch", "from_text", "expert"):
+  for method in ("reset", "reset_batch", "step", "from_text", "expert"):
     assert getattr(type(seen), method) is getattr(type(text), method), method
   text_options = {f.name: f.default for f in dataclasses.fields(text)}
   seen_options = {f.name: f.default for f in dataclasses.fields(seen)}
@@ -66,9 +78,10 @@ def test_play_and_text_are_the_text_environments(name):
   for states, outputs, _ in snapshots:
     if outputs is not None:
       jax.tree.map(np.testing.assert_array_equal, outputs[0], outputs[1])
-    for fmt in base.RENDER_FORMATS:
+    for fmt in base.TEXT_FORMATS:
       rows = range(BATCH)
       assert seen.render_batch(states, rows, fmt) == text.render_batch(states, rows, fmt)
+    assert seen.render_batch(states, range(3), base.IMAGE) == [visual.IMAGE_TEXT] * 3
 
 
 @pytest.mark.parametrize("name", sorted(GAMES))
@@ -173,3 +186,57 @@ def test_image_interface_and_options():
     envs.make("visual_sokoban", cell_px=4)
   with pytest.raises(ValueError, match="'cell'.*valid options"):
     envs.make("visual_frozenlake", cell=14)
+
+
+GRID_LINE = re.compile(r"^[P_OGX√]{4}$", re.MULTILINE)  # a row of a 4x4 FrozenLake board
+
+
+def scripted(render_format):
+  """A noise-free expert's demonstrations of 4 levels of visual FrozenLake in `render_format`."""
+  config = tiny.rollout_config(
+      env_groups=4, group_size=1, max_actions_per_turn=1, render_format=render_format
+  )
+  engine = rollout.Rollout(envs.make("visual_frozenlake"), TOK, config)
+  policy = demos.expert_policy(engine.env, engine.config, 0.0, seed=0)
+  return engine.run_scripted(policy, jax.random.key(0), seed=40)
+
+
+def test_image_format_shows_the_board_only_in_the_frame():
+  """Format "image": every user turn holds the frame and no grid row, the system prompt
+  describes the picture instead of the text legend; play and rewards are the grid format's."""
+  image, grid = scripted(base.IMAGE), scripted("grid")
+  for shown, text in zip(image.episodes, grid.episodes):
+    users = [m["content"] for m in shown.messages if m["role"] == "user"]
+    assert len(users) == len(shown.turns) >= 1
+    assert all(visual.IMAGE_TEXT in u and not GRID_LINE.search(u) for u in users)
+    assert all(GRID_LINE.search(m["content"]) for m in text.messages if m["role"] == "user")
+    system = shown.messages[0]["content"]
+    assert "red coat" in system and "meaning of each symbol" not in system
+    assert "meaning of each symbol" in text.messages[0]["content"]
+    assert [t.reward for t in shown.turns] == [t.reward for t in text.turns]
+  np.testing.assert_array_equal(image.metrics["num_actions"], grid.metrics["num_actions"])
+  assert image.summary["success"] == grid.summary["success"] > 0
+  # Each turn's prompt still opens with its frame: 4 image tokens a turn in every row.
+  tokens, mask = (np.asarray(x) for x in (image.batch.tokens_BxT, image.batch.attention_mask_BxT))
+  turns_B = np.array([len(ep.turns) for ep in image.episodes])
+  np.testing.assert_array_equal(np.sum((tokens == IMAGE_PAD) & (mask > 0), axis=1), 4 * turns_B)
+  np.testing.assert_array_equal(image.frames_KxBxHxWx3, grid.frames_KxBxHxWx3)
+
+
+def test_image_format_is_refused_for_text_environments():
+  config = tiny.rollout_config(render_format=base.IMAGE)
+  for name in ("frozenlake", "bandit"):
+    with pytest.raises(ValueError, match=f"{name!r} is not drawn as one"):
+      rollout.Rollout(envs.make(name), TOK, config)
+  with pytest.raises(ValueError, match="needs a visual environment"):
+    envs.make("frozenlake").render_batch(scripted_states(), [0], base.IMAGE)
+  # The config is refused when it is read, naming the key.
+  config = cli.load_config_file(os.path.join(ROOT, "configs", "frozenlake_grpo.py"))
+  config.envs.frozenlake.render_format = base.IMAGE
+  with pytest.raises(ValueError, match="envs.frozenlake: render_format 'image'"):
+    schema.from_config(config)
+
+
+def scripted_states():
+  env = envs.make("frozenlake")
+  return jax.device_get(jax.vmap(env.reset)(jax.random.split(jax.random.key(0), 1)))

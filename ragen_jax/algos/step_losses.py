@@ -20,6 +20,16 @@ from ragen_jax.algos.step_records import UpdateData
 from ragen_jax.models import lora
 
 
+def hidden_states(model, tokens_BxT, attn_BxT, frames, train_tower: bool):
+  """Final-normed hidden_BxTxD of `model` on the rows; with `frames` (each row's images,
+  `RolloutBatch.frames_BxNxHxWx3`) spliced into their image tokens, the tower differentiated
+  only with `train_tower`. The one forward every scorer of training rows takes (the update,
+  the supervised warm start)."""
+  if frames is None:
+    return model.backbone(tokens_BxT, attn_BxT)[0]
+  return model.frames_backbone(tokens_BxT, attn_BxT, frames, train_tower)[0]
+
+
 def policy_forward(
     graph,
     params,
@@ -38,12 +48,7 @@ def policy_forward(
   row's images (`RolloutBatch.frames_BxNxHxWx3`), spliced into its image tokens.
   """
   model = graph.merge(params)
-  if frames is None:
-    hidden_BxTxD, _ = model.backbone(tokens_BxT, attn_BxT)
-  else:
-    hidden_BxTxD, _ = model.frames_backbone(
-        tokens_BxT, attn_BxT, frames, spec.cfg.train_vision_tower
-    )
+  hidden_BxTxD = hidden_states(model, tokens_BxT, attn_BxT, frames, spec.cfg.train_vision_tower)
   w_DxV = model.unembed_kernel().astype(hidden_BxTxD.dtype)
   positions = None if width is None else response_positions(mask_BxT, width)
   logp_BxT, entropy_BxT = sequence_logprobs(

@@ -313,7 +313,7 @@ def _env_spec(tag: str, section) -> EnvSpec:
     factory = envs.registry.resolve(spec.name, spec.entry)
     for key in ("options", "val_options"):
       check_arguments(factory, dict(getattr(spec, key)), f"{where}.{key}")
-    spec.make()
+    env_base.check_render_format(spec.make(), dict(per_tag)["render_format"])
     spec.make(validation=True)
   except (TypeError, ValueError) as e:
     message = str(e)  # a message naming its key already needs no prefix

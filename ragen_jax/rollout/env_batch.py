@@ -24,6 +24,7 @@ import numpy as np
 
 from ragen_jax import distributed
 from ragen_jax.envs import registry
+from ragen_jax.envs.device import base as env_base
 from ragen_jax.envs.host.pool import HostPool
 from ragen_jax.envs.host.records import Outcome
 from ragen_jax.envs.host.records import Plan
@@ -33,6 +34,7 @@ from ragen_jax.rollout import state_keys as keys_lib
 
 def make(env, config, batch_size: int, sharder=None):
   """The batch for `env`: a pure-JAX environment or an `envs.HostEnv`."""
+  env_base.check_render_format(env, config.render_format)
   if isinstance(env, registry.HostEnv):
     return HostBatch(env, config, batch_size)
   return JaxBatch(env, config, batch_size, sharder)
@@ -94,7 +96,8 @@ class JaxBatch:
     # The environments are host-sized work: on a mesh they stay on this process's first device,
     # and their keys are copied there (jit refuses arguments committed to different devices).
     self._to_env = (lambda k: k) if sharder is None else distributed.local_copy
-    self.legend = env.grid_vocab if config.render_format != "coord" else {}
+    # The text legend where the text shows symbols (an image's are in the instruction).
+    self.legend = env.grid_vocab if config.render_format in env_base.SYMBOL_FORMATS else {}
     self._states = self._host = None
     self._names: List[tuple] = []
     self._offset = 0

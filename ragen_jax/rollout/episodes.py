@@ -55,7 +55,7 @@ class RolloutConfig:
   temperature: PositiveFloat = 1.0  # training rollout temperature (log-probs divide by it)
   top_p: Annotated[float, Range(0, 1, open_low=True)] = 1.0  # nucleus mass (1 = off)
   top_k: NonNegativeInt = 0  # top-k (0 = off)
-  render_format: str = "grid"  # grid | coord | grid_coord
+  render_format: str = "grid"  # grid | coord | grid_coord | image (visual environments)
   max_tokens_hint: PositiveInt = 100  # the prompt's "Max response length: N words (tokens)."
   use_turn_scores: bool = False  # also put each turn's reward on its last token
   instruction: str | None = None  # None: the environment's own (RAGEN's for the built-in ones)

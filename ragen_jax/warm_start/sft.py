@@ -8,7 +8,14 @@ lines, replies after the generation prefix). The loss is the mean negative log-l
 the reply tokens (`loss_mask_BxT`), the prompts being context only. One jitted, donated step;
 sequences are padded to a multiple of `pad_multiple` so a run compiles a handful of shapes.
 
-Dimensions: B sequences per batch, T tokens.
+Demonstrations of a visual environment keep each row's frames (`RolloutBatch.frames_BxNxHxWx3`)
+and the step splices them into the image tokens with the update's own forward
+(`step_losses.hidden_states`), so a Qwen2.5-VL policy is fine-tuned on what it will see. The
+vision tower trains only where the update trains it (`ppo.train_vision_tower`, `warm_start`):
+one switch for the run, so the warm start never moves weights that reinforcement learning then
+holds fixed.
+
+Dimensions: B sequences per batch, T tokens, N frames a row, H x W x 3 a frame.
 """
 
 import dataclasses
@@ -25,6 +32,7 @@ import optax
 
 from ragen_jax import rollout as rollout_lib
 from ragen_jax.algos import optim
+from ragen_jax.algos import step_losses
 from ragen_jax.algos.logprobs import sequence_logprobs
 from ragen_jax.algos.step_records import copy_tree
 from ragen_jax.config_checks import check_fields, NonNegativeFloat, NonNegativeInt
@@ -70,14 +78,16 @@ def _optimizer(cfg: SFTConfig):
   )
 
 
-def make_sft_step(model, cfg: SFTConfig):
-  """(init(params) -> SFTState, step(state, tokens_BxT, attn_BxT, loss_BxT) -> (state, metrics))."""
+def make_sft_step(model, cfg: SFTConfig, train_tower: bool = False):
+  """(init(params) -> SFTState, step(state, tokens_BxT, attn_BxT, loss_BxT, frames) ->
+  (state, metrics)). `frames`: uint8 [B, N, H, W, 3], each row's images (a visual
+  environment's rows), or None; with `train_tower` the vision tower is fine-tuned too."""
   graphdef, _, rest = nnx.split(model, nnx.Param, ...)
   tx = _optimizer(cfg)
 
-  def nll(params, tokens, attn, loss_mask):
+  def nll(params, tokens, attn, loss_mask, frames):
     m = nnx.merge(graphdef, params, rest)
-    hidden_BxTxD, _ = m.backbone(tokens, attn)
+    hidden_BxTxD = step_losses.hidden_states(m, tokens, attn, frames, train_tower)
     logp, _ = sequence_logprobs(
         hidden_BxTxD,
         m.unembed_kernel().astype(hidden_BxTxD.dtype),
@@ -89,13 +99,18 @@ def make_sft_step(model, cfg: SFTConfig):
     n = jnp.maximum(jnp.sum(maskf), 1.0)
     return -jnp.sum(logp * maskf) / n, jnp.sum(jnp.exp(logp) * maskf) / n
 
-  def step(state: SFTState, tokens, attn, loss_mask):
+  def step(state: SFTState, tokens, attn, loss_mask, frames=None):
     # With LoRA adapters only they are fine-tuned (RAGEN's LoRA SFT): the base stays frozen.
     trainable, frozen = lora.partition(state.params)
-    loss_of = lambda t: nll(lora.combine(t, frozen), tokens, attn, loss_mask)
+    loss_of = lambda t: nll(lora.combine(t, frozen), tokens, attn, loss_mask, frames)
     (loss, mean_p), grads = jax.value_and_grad(loss_of, has_aux=True)(trainable)
     updates, opt = tx.update(grads, state.opt, trainable)
-    params = lora.combine(optax.apply_updates(trainable, updates), frozen)
+    stepped = optax.apply_updates(trainable, updates)
+    if "visual" in trainable and not train_tower:
+      # A frozen tower gets no gradient; AdamW's decoupled weight decay must not shrink it
+      # either (as in the update, `train_step`).
+      stepped = {**stepped, "visual": trainable["visual"]}
+    params = lora.combine(stepped, frozen)
     metrics = {"sft/loss": loss, "sft/token_prob": mean_p, "sft/grad_norm": optax.tree.norm(grads)}
     return SFTState(params, opt, state.step + 1), metrics
 
@@ -118,9 +133,23 @@ def batch_schedule(weights: Dict[str, int]) -> List[str]:
   return [name for k in range(max(weights.values())) for name, w in weights.items() if w > k]
 
 
+def pad_frames(frames_NxHxWx3: np.ndarray, n: int) -> np.ndarray:
+  """A row's frames to `n` (a static count), the last repeated: the forward ignores frames
+  past a row's images, as it does the rollout's (`rollout.images`, `attach`)."""
+  extra = n - frames_NxHxWx3.shape[0]
+  return (
+      np.concatenate([frames_NxHxWx3] + [frames_NxHxWx3[-1:]] * extra) if extra else frames_NxHxWx3
+  )
+
+
 class DemoStream:
   """Endless demonstration batches, each from one environment (so it is padded only to that
-  environment's lengths), cycling through `batch_schedule(weights)` (default: one each)."""
+  environment's lengths), cycling through `batch_schedule(weights)` (default: one each).
+
+  A batch is [tokens_BxT, attn_BxT, loss_BxT, frames]: `frames` uint8 [B, N, H, W, 3] for a
+  visual environment (N its `max_turns`, the most images a row shows, so shapes stay fixed),
+  else None.
+  """
 
   def __init__(
       self,
@@ -152,8 +181,9 @@ class DemoStream:
     tokens, attn, loss = (
         np.asarray(x) for x in (b.tokens_BxT, b.attention_mask_BxT, b.loss_mask_BxT)
     )
+    frames = [None] * len(tokens) if b.frames_BxNxHxWx3 is None else np.asarray(b.frames_BxNxHxWx3)
     rows = [
-        (tokens[i, -n:], attn[i, -n:], loss[i, -n:])  # each row without its left padding
+        (tokens[i, -n:], attn[i, -n:], loss[i, -n:], frames[i])  # without the left padding
         for i, n in enumerate(attn.sum(axis=1))
         if b.row_episodes_R is None or loss[i].any()  # a window's rows of unplayed turns: none
     ]
@@ -171,10 +201,12 @@ class DemoStream:
     self.buffers[name] = self.buffers[name][self.cfg.batch_size :]
     width = max(len(r[0]) for r in rows)
     width += -width % self.cfg.pad_multiple
-    return [
+    batch = [
         np.stack([np.pad(r[k], (width - len(r[k]), 0), constant_values=value) for r in rows])
         for k, value in ((0, self.pad_id), (1, 0), (2, 0))
     ]
+    n = self.engines[name].config.max_turns
+    return batch + [None if rows[0][3] is None else np.stack([pad_frames(r[3], n) for r in rows])]
 
 
 def finetune(
@@ -184,19 +216,20 @@ def finetune(
     log: Optional[Callable[[int, Dict[str, float]], None]] = None,
     log_every: int = 20,
     weights: Optional[Dict[str, int]] = None,
+    train_tower: bool = False,
 ):
   """Fine-tunes a copy of `model` on expert demonstrations; returns (model, last metrics).
-  `weights[name]`: batches of that environment per round of the mix (DemoStream)."""
+  `weights[name]`: batches of that environment per round of the mix (DemoStream);
+  `train_tower`: a Qwen2.5-VL's vision tower is fine-tuned too (else frozen)."""
   if cfg.steps == 0:
     return model, {}
-  init, step = make_sft_step(model, cfg)
+  init, step = make_sft_step(model, cfg, train_tower)
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   state = init(copy_tree(nnx.to_pure_dict(params)))
   stream = DemoStream(engines, cfg, next(iter(engines.values())).tok.pad_id, weights)
   start, metrics = time.perf_counter(), {}
   for i in range(cfg.steps):
-    tokens, attn, loss_mask = stream.next()
-    state, metrics = step(state, tokens, attn, loss_mask)
+    state, metrics = step(state, *stream.next())
     if log is not None and ((i + 1) % log_every == 0 or i + 1 == cfg.steps):
       metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
       metrics.update(stream.stats, **{"sft/elapsed_s": time.perf_counter() - start})
@@ -217,7 +250,8 @@ def warm_start(
   """The run's starting point: `model` fine-tuned for `exp.sft.steps` steps (unchanged for 0).
 
   Each tag plays one episode per level (demonstrations cover as many levels as possible), and
-  a round of the mix holds `envs.<tag>.sft_batches` batches of that tag.
+  a round of the mix holds `envs.<tag>.sft_batches` batches of that tag. A visual tag's
+  demonstrations carry their frames; the tower trains as the update's (`ppo.train_vision_tower`).
   """
   if not exp.sft.steps:
     return model
@@ -236,5 +270,7 @@ def warm_start(
       100 * exp.sft.undo_prob,
       weights,
   )
-  model, _ = finetune(model, engines, exp.sft, weights=weights, log=log)
+  model, _ = finetune(
+      model, engines, exp.sft, weights=weights, log=log, train_tower=exp.ppo.train_vision_tower
+  )
   return model

@@ -17,7 +17,9 @@ An environment that can demonstrate defines `expert(state) -> (plan as action in
 short reasoning text)` for one unbatched state: the scripted expert of `ragen_jax.warm_start.demos`.
 A visual environment also draws a state: `render_image(state)` gives uint8 [H, W, 3] in jax.numpy
 for one unbatched state (jit- and vmap-able, rendered on the device beside `step`), and
-`image_shape` is that frame's shape; it is None for an environment seen only as text.
+`image_shape` is that frame's shape; it is None for an environment seen only as text. A
+visual environment alone takes render format "image" (`IMAGE`): the text then says the board is
+in the picture and holds no grid symbol, so the frame is the only view of the state.
 `episode_metrics(observation)` gives figures of an episode's last observation that training logs
 beside the rollout's own (2048's largest tile); none by default. `memory(history)` gives the
 text that stands in for the turns a context window leaves out; none by default.
@@ -38,7 +40,10 @@ import numpy as np
 Info = Dict[str, jax.Array]
 StepResult = Tuple[Any, jax.Array, jax.Array, Info]
 
-RENDER_FORMATS = ("grid", "coord", "grid_coord")
+IMAGE = "image"  # the state in the frame only (visual environments)
+TEXT_FORMATS = ("grid", "coord", "grid_coord")  # RAGEN's: the board as text
+RENDER_FORMATS = TEXT_FORMATS + (IMAGE,)
+SYMBOL_FORMATS = ("grid", "grid_coord")  # the texts that show the grid's symbols: the legend's
 
 
 class Env(abc.ABC):
@@ -136,6 +141,17 @@ def check_format(fmt: str) -> None:
     raise ValueError(f"Unknown render format {fmt!r}; expected one of {RENDER_FORMATS}.")
 
 
+def check_render_format(env: Any, fmt: str) -> None:
+  """Raises unless `env` can show its states in `fmt`: "image" needs a frame to show."""
+  check_format(fmt)
+  if fmt == IMAGE and getattr(env, "image_shape", None) is None:
+    raise ValueError(
+        f"render_format {IMAGE!r} shows the board only as an image, and environment "
+        f"{getattr(env, 'name', env)!r} is not drawn as one (visual_sokoban and "
+        "visual_frozenlake are)"
+    )
+
+
 def one_row(state: Any) -> Any:
   """An unbatched state as a host batch of one row (what `render` hands `render_batch`)."""
   return jax.tree.map(lambda x: np.asarray(x)[None], jax.device_get(state))
@@ -185,6 +201,8 @@ def board_texts(
 ) -> List[str]:
   """A grid world's texts in `fmt`: the symbol grid, the coordinates, or both."""
   check_format(fmt)
+  if fmt == IMAGE:  # a visual environment answers it before the text boards are drawn
+    raise ValueError(f"render_format {IMAGE!r} has no text board; it needs a visual environment")
   r, h, w = symbols_RxHxW.shape
   if fmt == "grid":
     return grid_texts(symbols_RxHxW)

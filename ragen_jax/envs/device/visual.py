@@ -13,17 +13,24 @@ The sprites are drawn by code from one table, `SPRITES`: per game and symbol, a 
 colour from `PALETTE` and shapes painted over it in order, in coordinates of the unit cell (so
 any `cell_px` draws them). FrozenLake's image also marks the start tile once the player has left
 it, with a stool as gymnasium draws (its text shows the start as frozen ice).
+
+Render format "image" (`base.IMAGE`, these environments only) shows the state in the frame
+alone: the observation text says the board is in the image (`IMAGE_TEXT`, no grid symbol, no
+coordinates) and the instruction, RAGEN's grid one, goes on to describe the picture (`PICTURE`:
+each sprite's colours and shapes) where the other formats give the text legend. Levels, rules,
+rewards and frames are those of every other format.
 """
 
 import dataclasses
 import functools
-from typing import Annotated, Tuple
+from typing import Annotated, List, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax.config_checks import Range
+from ragen_jax.envs.device import base
 from ragen_jax.envs.device import frozenlake
 from ragen_jax.envs.device import sokoban
 
@@ -165,11 +172,52 @@ def paint(codes_HxW: jax.Array, sprites_KxCxCx3: np.ndarray) -> jax.Array:
   return tiles.reshape(codes_HxW.shape[:-2] + (h * c, w * c, 3))
 
 
+IMAGE_TEXT = "The board is shown in the image."  # the whole observation text in format "image"
+
+# What the image shows, in words (the instruction of format "image"; the sprites of SPRITES).
+PICTURE = {
+    "sokoban": (
+        "you are the figure in a blue shirt; walls are red-brown bricks; the floor is dark grey; "
+        "a target is a red ring; a box is an orange crate, green once it is on a target"
+    ),
+    "frozenlake": (
+        "you are the skater in a red coat; the ice is light blue tiles; a hole is a dark blue "
+        "disc; the goal is a yellow gift with a red ribbon; a brown stool marks the start once "
+        "you have left it; in a hole only your head shows"
+    ),
+}
+
+
+class ImageObservation:
+  """Format "image" for a visual environment (mixed in before its text environment): the text
+  and the instruction of that format, every other format the text environment's."""
+
+  game: str = ""
+
+  def instruction(self, render_format: str = "grid") -> str:
+    if render_format != base.IMAGE:
+      return super().instruction(render_format)
+    h, w = self.image_shape[0] // self.cell_px, self.image_shape[1] // self.cell_px
+    return (
+        f"{super().instruction('grid').rstrip()}\nThe board is an image of {h} x {w} cells: "
+        f"{PICTURE[self.game]}."
+    )
+
+  def render(self, state, fmt: str = "grid") -> str:
+    return IMAGE_TEXT if fmt == base.IMAGE else super().render(state, fmt)
+
+  def render_batch(self, states, rows, fmt: str = "grid") -> List[str]:
+    if fmt == base.IMAGE:
+      return [IMAGE_TEXT] * len(rows)
+    return super().render_batch(states, rows, fmt)
+
+
 @dataclasses.dataclass(frozen=True)
-class VisualSokoban(sokoban.Sokoban):
+class VisualSokoban(ImageObservation, sokoban.Sokoban):
   """Sokoban (`envs.device.sokoban`) with `render_image`: 14-pixel cells, 84x84 at 6x6."""
 
   name = "visual_sokoban"
+  game = "sokoban"
 
   cell_px: Annotated[int, Range(8)] = 14  # pixels a side of one cell's sprite
 
@@ -184,10 +232,11 @@ class VisualSokoban(sokoban.Sokoban):
 
 
 @dataclasses.dataclass(frozen=True)
-class VisualFrozenLake(frozenlake.FrozenLake):
+class VisualFrozenLake(ImageObservation, frozenlake.FrozenLake):
   """FrozenLake (`envs.device.frozenlake`) with `render_image`: 14-pixel cells, 56x56 at 4x4."""
 
   name = "visual_frozenlake"
+  game = "frozenlake"
 
   cell_px: Annotated[int, Range(8)] = 14  # pixels a side of one cell's sprite
 
