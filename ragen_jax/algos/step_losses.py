@@ -30,6 +30,15 @@ def hidden_states(model, tokens_BxT, attn_BxT, frames, train_tower: bool):
   return model.frames_backbone(tokens_BxT, attn_BxT, frames, train_tower)[0]
 
 
+def keep_frozen_tower(stepped, trainable, train_tower: bool):
+  """The trainable parameters after an optimizer step, the vision tower's (a Qwen2.5-VL's
+  "visual") as they were unless `train_tower`: it got no gradient (`hidden_states`), and
+  AdamW's decoupled weight decay must not shrink it either."""
+  if "visual" in trainable and not train_tower:
+    return {**stepped, "visual": trainable["visual"]}
+  return stepped
+
+
 def policy_forward(
     graph,
     params,

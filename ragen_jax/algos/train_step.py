@@ -42,6 +42,7 @@ from ragen_jax.algos import filtering
 from ragen_jax.algos import losses
 from ragen_jax.algos import step_metrics
 from ragen_jax.algos.config import PPOConfig
+from ragen_jax.algos.step_losses import keep_frozen_tower
 from ragen_jax.algos.step_losses import micro_grads
 from ragen_jax.algos.step_losses import policy_forward
 from ragen_jax.algos.step_records import Advantages
@@ -334,10 +335,7 @@ def _minibatch(spec: StepSpec, data: UpdateData, skipped, learner: Learner, idx_
   def apply(learner, a_grads, c_grads):
     trainable, frozen = lora.partition(learner.actor_params)
     stepped, actor_opt = optimizer_step(spec.actor_tx, a_grads, learner.actor_opt, trainable)
-    if "visual" in trainable and not spec.cfg.train_vision_tower:
-      # A frozen vision tower gets no gradient (step_losses) and keeps its weights: AdamW's
-      # decoupled weight decay would otherwise shrink them.
-      stepped = {**stepped, "visual": trainable["visual"]}
+    stepped = keep_frozen_tower(stepped, trainable, spec.cfg.train_vision_tower)
     actor_params = lora.combine(stepped, frozen)
     critic_params, critic_opt = critic.apply(
         spec.critic_tx, c_grads, learner.critic_opt, learner.critic_params

@@ -175,9 +175,7 @@ class ModelConfig:
     remat: rematerialise each layer in the backward pass (saves memory).
     attention: the self-attention kernel, one of `attention.IMPLEMENTATIONS` (auto picks by
       device and dtype; see ragen_jax/models/attention.py).
-    attention_block: queries per block of the XLA kernel, each block scored against its key
-      prefix: small blocks skip most of the masked half of the scores; one block as long as the
-      sequence makes fewer, larger operations, which compile faster (the tests' smoke runs).
+    attention_block: queries per block of the XLA kernel (its trade-off: config.schema).
     model_type: the Hugging Face family, one of `FAMILIES` ("qwen2", "qwen3", "llama",
       "qwen2_5_vl"): the class config.json names, and with it `attention_bias` and `qk_norm`.
     rope_scaling: RoPE frequency remapping (Llama 3.1+), a RopeScaling or its dict; None for

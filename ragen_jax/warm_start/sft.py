@@ -106,11 +106,7 @@ def make_sft_step(model, cfg: SFTConfig, train_tower: bool = False):
     (loss, mean_p), grads = jax.value_and_grad(loss_of, has_aux=True)(trainable)
     updates, opt = tx.update(grads, state.opt, trainable)
     stepped = optax.apply_updates(trainable, updates)
-    if "visual" in trainable and not train_tower:
-      # A frozen tower gets no gradient; AdamW's decoupled weight decay must not shrink it
-      # either (as in the update, `train_step`).
-      stepped = {**stepped, "visual": trainable["visual"]}
-    params = lora.combine(stepped, frozen)
+    params = lora.combine(step_losses.keep_frozen_tower(stepped, trainable, train_tower), frozen)
     metrics = {"sft/loss": loss, "sft/token_prob": mean_p, "sft/grad_norm": optax.tree.norm(grads)}
     return SFTState(params, opt, state.step + 1), metrics
 
