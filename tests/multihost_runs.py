@@ -11,13 +11,18 @@ from ragen_jax import logging_utils
 from xla_devices import cpu_devices  # pylint: disable=g-bad-import-order
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Collapse diagnostics at step 1 only (compute_freq=3): one compilation fewer per launch.
+# The run split over 2 processes of one CPU device each: fsdp over the two, so each process holds
+# half of every parameter and optimizer state (splits within a process, tensor included, are
+# tests/sharding_test.py's, in one process: a mesh of 2 devices per process costs twice the CPU
+# here, in collectives between the processes at every decoded token). Collapse diagnostics at
+# step 1 only (compute_freq=3): one compilation fewer per launch.
+DEVICES_PER_PROCESS = 1
 SMOKE = [
     "launch.py",
     "--config=configs/sokoban_ppo.py:smoke",
     "--config.mesh.data=1",
     "--config.mesh.fsdp=2",
-    "--config.mesh.tensor=2",
+    "--config.mesh.tensor=1",
     "--config.diagnostics.compute_freq=3",
 ]
 # Float reductions (the probability gap is round-off itself, so only its absolute size is

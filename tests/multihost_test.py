@@ -2,11 +2,11 @@
 started by a real SLURM scheduler through experiments/launch/slurm.sh, and by Open MPI's mpirun
 (joining with explicit flags is checked in tests/distributed_test.py, in seconds).
 
-The run under test: `launch.py --config=configs/sokoban_ppo.py:smoke` in 2 processes of 2 CPU
-devices each (gloo collectives), on the mesh data=1, fsdp=2, tensor=2, so the parameters and
-optimizer states are split across the processes (fsdp) and within each (tensor), and each process
-plays 2 of the 4 episodes of every rollout. The reference: the same config on one process with 4
-devices and the same mesh, 3 steps, run once for the module.
+The run under test: `launch.py --config=configs/sokoban_ppo.py:smoke` in 2 processes of one CPU
+device each (gloo collectives), on the mesh data=1, fsdp=2, tensor=1, so the parameters and
+optimizer states are split across the processes, and each process plays 2 of the 4 episodes of
+every rollout. The reference: the same config on one process with 2 devices and the same mesh, 3
+steps, run once for the module.
 
 Checked against it (`multihost_runs.assert_matches`): every logged metric at every step (rollout,
 validation, collapse diagnostics, losses) is identical, except actor/critic/collapse metrics
@@ -64,12 +64,12 @@ def _read_eval(workdir: str, step: int):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-  """The one-process run on 4 devices: (workdir, scalars)."""
+  """The one-process run on as many devices: (workdir, scalars)."""
   workdir = str(tmp_path_factory.mktemp("one_process"))
   proc = subprocess.run(
       [sys.executable, *runs.SMOKE, f"--workdir={workdir}", *_MESH],
       cwd=ROOT,
-      env=_env(4),
+      env=_env(2 * runs.DEVICES_PER_PROCESS),
       capture_output=True,
       text=True,
       timeout=runs.TIMEOUT_S,
@@ -105,7 +105,7 @@ def test_a_cluster_that_does_not_come_up_is_torn_down(tmp_path):
 
 
 def _job_env(**extra):
-  return {**_env(2), "PYTHON": sys.executable, **extra}
+  return {**_env(runs.DEVICES_PER_PROCESS), "PYTHON": sys.executable, **extra}
 
 
 def _log(path: str) -> str:
@@ -175,7 +175,7 @@ def test_slurm_job_stopped_by_the_scheduler_resumes_when_requeued(slurm, tmp_pat
   text = _log(log)  # --open-mode=append: both runs
   assert (record["JobState"], record["ExitCode"]) == ("COMPLETED", "0:0"), text[-4000:]
   assert f"checkpoints at step {stopped[1]}" in text and "done at step 3" in text
-  assert "over 4 devices (2 processes)" in text
+  assert "over 2 devices (2 processes)" in text
   runs.assert_matches(want, runs.scalars(workdir), upto=3)
   assert _read_eval(workdir, 3) == _read_eval(ref_dir, 3)
 
@@ -301,11 +301,11 @@ def test_openmpi_two_processes_match_one_process(tmp_path, reference):
           f"--workdir={workdir}",
           "--config.trainer.total_steps=2",
       ],
-      env=_env(2),
+      env=_env(runs.DEVICES_PER_PROCESS),
   )  # yapf: disable
   out = proc.stdout + proc.stderr
   assert proc.returncode == 0, out[-4000:]
-  assert "(openmpi) as process 0" in out and "over 4 devices (2 processes)" in out
+  assert "(openmpi) as process 0" in out and "over 2 devices (2 processes)" in out
   # Process 0 alone prints progress and writes events (mpirun merges both outputs).
   assert out.count("step 2/2 [") == 1
   assert len(glob.glob(os.path.join(workdir, "events.out.tfevents.*"))) == 1

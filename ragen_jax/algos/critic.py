@@ -126,8 +126,10 @@ def _critic_model(actor_model, critic_model, key):
 class SeparateCritic(_TrainedCritic):
   """A Qwen2Critic of its own (RAGEN), by default initialised from the policy's weights."""
 
-  def __init__(self, actor_model, critic_model=None):
-    self._actor_model, self._critic_model = actor_model, critic_model
+  def __init__(self, actor_model, critic_model=None, initialises=True):
+    # What the initial weights come from; none for the update's copy, which only traces (and a
+    # jitted step kept for a later run must not keep this run's weights alive).
+    self._init_from = (actor_model, critic_model) if initialises else None
     abstract = (
         critic_model
         if critic_model is not None
@@ -136,7 +138,7 @@ class SeparateCritic(_TrainedCritic):
     self.graph = ModelGraph.of(abstract)
 
   def _init_params(self, key):
-    model = _critic_model(self._actor_model, self._critic_model, key)
+    model = _critic_model(*self._init_from, key)
     return copy_tree(param_dict(model))
 
   def values(self, params, tokens_BxT, attn_BxT, hidden_BxTxD):
@@ -186,16 +188,18 @@ class SharedValueHead(_TrainedCritic):
     return actor_loss_grads, {}
 
 
-def make_critic(cfg, actor_model, critic_model=None) -> Critic:
+def make_critic(cfg, actor_model, critic_model=None, initialises=True) -> Critic:
   """The strategy for `cfg` (a PPOConfig).
 
   Args:
     cfg: PPOConfig; its adv_estimator and critic fields choose the strategy.
     actor_model: the policy (hidden size; the separate critic's initial weights).
     critic_model: a separate critic, or None to initialise one from the policy (RAGEN).
+    initialises: False for a strategy that only computes (the train step's): it keeps no
+      reference to the models' weights and cannot `init`.
   """
   if not cfg.uses_critic:
     return NoCritic()
   if cfg.critic == "shared":
     return SharedValueHead(actor_model.config.hidden_size, cfg.vf_coef)
-  return SeparateCritic(actor_model, critic_model)
+  return SeparateCritic(actor_model, critic_model, initialises)

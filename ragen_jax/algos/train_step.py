@@ -27,6 +27,7 @@ Dimensions:
   minibatch.  U: rows per micro-batch (B = N·M·U).  D: hidden size.
 """
 
+import collections
 import dataclasses
 import functools
 
@@ -455,7 +456,7 @@ def make_train_step(
       temperature=float(temperature),
       actor=ModelGraph.of(actor_model),
       ref=ModelGraph.of(ref_model if ref_model is not None else actor_model),
-      critic=critic_lib.make_critic(cfg, actor_model, critic_model),
+      critic=critic_lib.make_critic(cfg, actor_model, critic_model, initialises=False),
       actor_tx=actor_tx or optimizer(cfg.actor_lr, cfg),
       critic_tx=critic_tx or optimizer(cfg.critic_lr, cfg),
       teacher=ModelGraph.of(teacher_model) if cfg.distills else None,
@@ -463,9 +464,32 @@ def make_train_step(
   step = functools.partial(train_step, spec)
   if not jit:
     return step
-  return jax.jit(
-      step,
-      donate_argnums=(0,),
-      static_argnames=("response_width",),
-      out_shardings=out_shardings,
+  defaults = actor_tx is None and critic_tx is None and critic_model is None
+  key = _program_key(spec, out_shardings) if defaults else None
+  jitted = _JITTED.pop(key, None) or jax.jit(
+      step, donate_argnums=(0,), static_argnames=("response_width",), out_shardings=out_shardings
   )
+  if key is not None:  # kept, the most recent last
+    _JITTED[key] = jitted
+    while len(_JITTED) > _JITTED_KEPT:
+      _JITTED.popitem(last=False)
+  return jitted
+
+
+# Jitted steps by what their program is made of: a later run in the same process (a notebook's
+# next cell, a sweep, a resume) calls the step an earlier one traced instead of tracing and
+# lowering it again (seconds). A few are kept: each holds its executables.
+_JITTED: collections.OrderedDict = collections.OrderedDict()
+_JITTED_KEPT = 4
+
+
+def _program_key(spec: StepSpec, out_shardings):
+  """Hashable, equal for specs that trace to the same program (default optimizers and critic
+  follow from the config and the actor, and a graphdef holds its modules' sizes and dtypes); None
+  when a module's non-parameter state (arrays) is closed over."""
+  graphs = [g for g in (spec.actor, spec.ref, spec.teacher) if g is not None]
+  if any(jax.tree.leaves(g.rest) for g in graphs):
+    return None
+  shardings, treedef = jax.tree.flatten(out_shardings)
+  graphdefs = tuple(g.graphdef for g in graphs)
+  return spec.cfg, spec.temperature, spec.teacher is None, graphdefs, tuple(shardings), treedef
