@@ -13,8 +13,8 @@ from xla_devices import cpu_devices  # pylint: disable=g-bad-import-order
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The run split over 2 processes of one CPU device each: fsdp over the two, so each process holds
 # half of every parameter and optimizer state (splits within a process, tensor included, are
-# tests/sharding_test.py's, in one process: a mesh of 2 devices per process costs twice the CPU
-# here, in collectives between the processes at every decoded token). Collapse diagnostics at
+# tests/sharding_test.py's, in one process: 2 devices per process cost a quarter more CPU here,
+# mostly in collectives between the processes at every decoded token). Collapse diagnostics at
 # step 1 only (compute_freq=3): one compilation fewer per launch.
 DEVICES_PER_PROCESS = 1
 SMOKE = [
