@@ -13,7 +13,6 @@ import pytest
 
 from ragen_jax import algos
 from ragen_jax import models
-from ragen_jax.batch import RolloutBatch
 from ragen_jax.batch import TurnBatch
 from tiny import B  # pylint: disable=g-bad-import-order
 from tiny import make_batch
