@@ -1,26 +1,19 @@
 """Sudoku: RAGEN's step rules case by case and against a reference, the dense scheme's
-hand-worked rewards, unique generated boards, the expert, parsing and rendering."""
-
-import itertools
+hand-worked rewards, the expert, parsing and rendering (generated boards:
+envs_sudoku_boards_test.py)."""
 
 import hypothesis
 from hypothesis import strategies as st
 import pytest
 
 from ragen_jax.envs.text import sudoku
-from ragen_jax.envs.text.sudoku_boards import count_solutions
-
-# A hand-written 4x4 with 7 givens. Its solution, worked by hand: r1c4 = 4 (row 1 lacks 2, 4;
-# column 4 has 2), so r1c2 = 2; column 2 then lacks 3, 4 and box 1 has 4 left for r2c2, so
-# r4c2 = 3, r4c1 = 4; row 3 lacks 3, 4 and column 4 has 4 at r1, so r3c4 = 3, r3c3 = 4; row 4
-# lacks 1, 2 and column 3 has 1, so r4c3 = 2, r4c4 = 1.
-PUZZLE = "1.3.\n3.12\n21..\n...."
-SOLUTION = [[1, 2, 3, 4], [3, 4, 1, 2], [2, 1, 4, 3], [4, 3, 2, 1]]
-EMPTY = [(r, c) for r in range(4) for c in range(4) if PUZZLE.split()[r][c] == "."]
-
-
-def _board(text):
-  return [[0 if ch == "." else int(ch) for ch in row] for row in text.split()]
+from sudoku_reference import ALL_4X4  # pylint: disable=g-bad-import-order
+from sudoku_reference import board
+from sudoku_reference import completions
+from sudoku_reference import EMPTY
+from sudoku_reference import PUZZLE
+from sudoku_reference import SOLUTION
+from sudoku_reference import valid_grid
 
 
 def _env(**options):
@@ -29,65 +22,17 @@ def _env(**options):
   return env
 
 
-def _valid_grid(grid):
-  """Independent of the module: every row, column and box holds 1..n once."""
-  n = len(grid)
-  side = int(round(n**0.5))
-  want = set(range(1, n + 1))
-  rows = [set(row) for row in grid]
-  cols = [{grid[r][c] for r in range(n)} for c in range(n)]
-  boxes = [
-      {grid[r][c] for r in range(br, br + side) for c in range(bc, bc + side)}
-      for br in range(0, n, side)
-      for bc in range(0, n, side)
-  ]
-  return all(unit == want for unit in rows + cols + boxes)
-
-
-def _all_4x4_grids():
-  """Every valid 4x4 grid (there are 288), row by row from permutations, without the module."""
-  perms = list(itertools.permutations(range(1, 5)))
-  grids = [[]]
-  for _ in range(4):
-    grids = [g + [list(p)] for g in grids for p in perms if _partial_ok(g + [list(p)])]
-  return grids
-
-
-def _partial_ok(rows):
-  for c in range(4):
-    col = [row[c] for row in rows]
-    if len(set(col)) != len(col):
-      return False
-  for br in (0, 2):
-    for bc in (0, 2):
-      box = [rows[r][c] for r in range(br, min(br + 2, len(rows))) for c in (bc, bc + 1)]
-      if len(set(box)) != len(box):
-        return False
-  return True
-
-
-ALL_4X4 = _all_4x4_grids()
-
-
-def _completions(puzzle):
-  return [
-      g
-      for g in ALL_4X4
-      if all(v in (0, g[r][c]) for r, row in enumerate(puzzle) for c, v in enumerate(row))
-  ]
-
-
 def test_independent_checkers():
   assert len(ALL_4X4) == 288
-  assert _valid_grid(SOLUTION)
-  assert not _valid_grid([[1, 2, 3, 4], [2, 1, 4, 3], [3, 4, 1, 2], [4, 3, 2, 1]])  # boxes
-  assert _completions(_board(PUZZLE)) == [SOLUTION]
+  assert valid_grid(SOLUTION)
+  assert not valid_grid([[1, 2, 3, 4], [2, 1, 4, 3], [3, 4, 1, 2], [4, 3, 2, 1]])  # boxes
+  assert completions(board(PUZZLE)) == [SOLUTION]
 
 
 def test_fixed_board_solution_and_hand_worked_dense_rewards():
   env = _env(reward_scheme="dense")
   assert env.solution == SOLUTION
-  assert env.puzzle == _board(PUZZLE)
+  assert env.puzzle == board(PUZZLE)
   start = [list(row) for row in env.board]
   invalid = {
       "1,2,3": "conflict",  # row 1 (and box 1) already has 3
@@ -160,7 +105,7 @@ def _ragen_step(board, puzzle, move, steps, max_steps):
     return board, 0.0, out_of_steps, True, False, False
   board = [list(row) for row in board]
   board[r][c] = v
-  if all(all(row) for row in board) and _valid_grid(board):
+  if all(all(row) for row in board) and valid_grid(board):
     return board, 1.0, True, True, True, True
   return board, 0.0, out_of_steps, True, True, False
 
@@ -269,80 +214,6 @@ def test_format_action_round_trips():
   assert sudoku.parse_action(sudoku.format_action(3, 4, 1)) == (3, 4, 1)
 
 
-@pytest.mark.parametrize("seed", range(200))
-def test_generated_4x4_is_unique_and_expert_solves_it(seed):
-  env = sudoku.Sudoku()
-  env.reset(seed)
-  assert sum(v != 0 for row in env.puzzle for v in row) == sudoku.DEFAULT_GIVENS[4] == 8
-  assert _valid_grid(env.solution)
-  assert _completions(env.puzzle) == [env.solution]  # unique, by the independent enumeration
-  assert count_solutions(env.puzzle) == 1
-  rewards, done, turns = [], False, 0
-  while not done:
-    answers, thought = env.expert()
-    assert answers and len(answers) <= env.max_actions_per_turn and thought.endswith(".")
-    turns += 1
-    for answer in answers:
-      _, reward, done, info = env.step(answer)
-      rewards.append(reward)
-      if done:
-        break
-  assert info["success"] and env.board == env.solution
-  assert rewards == [0.0] * (len(rewards) - 1) + [1.0]  # RAGEN's: only the completion pays
-  assert len(rewards) == 16 - 8
-  assert turns == -(-len(rewards) // env.max_actions_per_turn)
-  assert env.expert() == (None, "The board is complete.")
-
-
-def test_reset_is_deterministic_and_seeds_differ():
-  env = sudoku.Sudoku()
-  boards = {}
-  for seed in range(20):
-    first = env.reset(seed)
-    assert env.reset(seed) == first
-    boards[seed] = first
-  assert len(set(boards.values())) > 10
-
-
-@pytest.mark.parametrize("givens", [4, 5, 12, 16])
-def test_4x4_givens_option(givens):
-  for seed in range(10):
-    env = sudoku.Sudoku(givens=givens)
-    env.reset(seed)
-    assert sum(v != 0 for row in env.puzzle for v in row) == givens
-    assert _completions(env.puzzle) == [env.solution]
-
-
-@pytest.mark.parametrize("givens", [None, 30])
-def test_generated_9x9_is_unique(givens):
-  env = sudoku.Sudoku(size=9, givens=givens, reward_scheme="dense")
-  want = 36 if givens is None else givens
-  for seed in range(4):
-    env.reset(seed)
-    assert sum(v != 0 for row in env.puzzle for v in row) == want
-    assert _valid_grid(env.solution)
-    assert all(v in (0, env.solution[r][c]) for r in range(9) for c, v in enumerate(env.puzzle[r]))
-    assert count_solutions(env.puzzle) == 1
-  # The expert also finishes a 9x9 with only correct placements.
-  rewards, done = [], False
-  while not done:
-    for answer in env.expert()[0]:
-      _, reward, done, _ = env.step(answer)
-      rewards.append(reward)
-      if done:
-        break
-  assert rewards == [1.0] * (81 - want - 1) + [11.0]
-
-
-def test_solver_counts():
-  assert count_solutions(_board(PUZZLE)) == 1
-  assert count_solutions(_board("1..4\n..1.\n.1..\n4..1")) == 2  # capped at the limit
-  assert len(_completions(_board("1..4\n..1.\n.1..\n4..1"))) >= 2
-  assert count_solutions(_board("11..\n....\n....\n....")) == 0  # a repeat
-  assert count_solutions(_board("12..\n..3.\n....\n....")) == 0  # r2c1, r2c2 both need 4
-  assert count_solutions([[0] * 4 for _ in range(4)], limit=300) == 288
-
-
 def test_options_are_checked():
   with pytest.raises(ValueError):
     sudoku.Sudoku(size=6)
@@ -367,8 +238,8 @@ def test_max_steps_ends_an_unsolved_episode():
 
 
 def test_rendering_of_the_module_doc_example():
-  board = _board("1.34\n34.2\n.143\n432.")
-  assert sudoku.render(board) == (
+  grid = board("1.34\n34.2\n.143\n432.")
+  assert sudoku.render(grid) == (
       "   1 2   3 4\n"
       "r1 1 . | 3 4\n"
       "r2 3 4 | . 2\n"
@@ -377,8 +248,8 @@ def test_rendering_of_the_module_doc_example():
       "r4 4 3 | 2 .\n"
       "Possible numbers: r1c2: 2; r2c3: 1; r3c1: 2; r4c4: 1"
   )
-  assert sudoku.render(board, "none").count("\n") == 5
-  conflicted = _board("11..\n....\n....\n...1")
+  assert sudoku.render(grid, "none").count("\n") == 5
+  conflicted = board("11..\n....\n....\n...1")
   text = sudoku.render(conflicted, "none")
   assert text.splitlines()[-1] == "Conflicts: row 1 has 2 1s; box 1 has 2 1s"
   assert sudoku.render(SOLUTION).count("\n") == 5  # solved: no help line
@@ -431,12 +302,12 @@ def test_instruction_has_rules_and_examples():
   assert sudoku.Sudoku().action_names is None
 
 
-def test_expert_needs_a_board():
+def test_expert_needs_aboard():
   with pytest.raises(RuntimeError):
     sudoku.Sudoku().expert()
 
 
-def test_expert_reasons_on_the_fixed_board():
+def test_expert_reasons_on_the_fixedboard():
   env = _env(max_actions_per_turn=2)
   answers, thought = env.expert()
   # Forced cells first, in reading order: r1c4 and r2c2 each have one number left.
