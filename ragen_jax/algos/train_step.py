@@ -492,4 +492,4 @@ def _program_key(spec: StepSpec, out_shardings):
     return None
   shardings, treedef = jax.tree.flatten(out_shardings)
   graphdefs = tuple(g.graphdef for g in graphs)
-  return spec.cfg, spec.temperature, spec.teacher is None, graphdefs, tuple(shardings), treedef
+  return spec.cfg, spec.temperature, graphdefs, tuple(shardings), treedef

@@ -133,9 +133,7 @@ def pad_frames(frames_NxHxWx3: np.ndarray, n: int) -> np.ndarray:
   """A row's frames to `n` (a static count), the last repeated: the forward ignores frames
   past a row's images, as it does the rollout's (`rollout.images`, `attach`)."""
   extra = n - frames_NxHxWx3.shape[0]
-  return (
-      np.concatenate([frames_NxHxWx3] + [frames_NxHxWx3[-1:]] * extra) if extra else frames_NxHxWx3
-  )
+  return np.pad(frames_NxHxWx3, ((0, extra), (0, 0), (0, 0), (0, 0)), mode="edge")
 
 
 class DemoStream:
