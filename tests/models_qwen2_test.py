@@ -19,6 +19,7 @@ import transformers
 
 from flax import nnx
 from ragen_jax import models
+from ragen_jax.models import build
 from references import hf_logits  # pylint: disable=g-bad-import-order
 from tiny import left_padded_batch
 from tiny import PARITY_VOCAB
@@ -264,3 +265,14 @@ def test_config_round_trip_and_validation():
     models.hf_config.from_hf_dict(
         {**models.hf_config.to_hf_dict(config), "rope_parameters": {"rope_type": "yarn"}}
     )
+
+
+def test_copy_tree_gives_every_array_a_buffer_of_its_own():
+  """The critic's and the train state's weights are copies (models.build.copy_tree): a step that
+  donates the arrays they came from must not reach them. Equal values, no buffer shared."""
+  tree = {"w": jnp.arange(6.0).reshape(2, 3), "b": {"c": jnp.ones((4,), jnp.bfloat16)}}
+  copy = build.copy_tree(tree)
+  jax.tree.map(np.testing.assert_array_equal, copy, tree)
+  assert copy["b"]["c"].dtype == jnp.bfloat16
+  pointers = lambda t: {a.unsafe_buffer_pointer() for a in jax.tree.leaves(t)}
+  assert len(pointers(copy)) == 2 and not pointers(copy) & pointers(tree)

@@ -19,7 +19,7 @@ from ragen_jax import models
 from ragen_jax import rollout
 from ragen_jax import tokenizers
 from ragen_jax import vision
-from ragen_jax.algos.step_records import copy_tree
+from ragen_jax.models.build import copy_tree
 from ragen_jax.warm_start import sft
 from references import ref_token_logprobs  # pylint: disable=g-bad-import-order
 import tiny  # pylint: disable=g-bad-import-order

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ragen_jax.algos.step_records import copy_tree
+from ragen_jax.models.build import copy_tree
 from ragen_jax.algos.step_records import ModelGraph
 from ragen_jax.algos.step_records import optimizer_step
 from ragen_jax.algos.step_records import param_dict

@@ -13,7 +13,6 @@ from typing import Any, NamedTuple
 import flax
 from flax import nnx
 import jax
-import jax.numpy as jnp
 import optax
 
 from ragen_jax.algos.config import PPOConfig
@@ -39,11 +38,6 @@ class ModelGraph:
 def param_dict(model):
   """The module's parameters as a pure nested dict (sharing the module's buffers)."""
   return nnx.to_pure_dict(nnx.split(model, nnx.Param, ...)[1])
-
-
-def copy_tree(tree):
-  """Fresh buffers: a donated state must not invalidate the module its arrays came from."""
-  return jax.tree.map(lambda a: jnp.array(a, copy=True), tree)
 
 
 def optimizer_step(tx, grads, opt, params):

@@ -29,6 +29,9 @@ from ragen_jax.diagnostics import scoring
 from ragen_jax.diagnostics import turns as turns_lib
 
 FAMILIES = ("first_turn", "multi_turn")
+# One program per sample shape: run eagerly, mi_metrics' few dozen small array operations each
+# compiled a program of their own in every new process.
+_MI_METRICS = jax.jit(mutual_info.mi_metrics, static_argnames="top_k")
 _SAMPLERS = {"first_turn": turns_lib.first_turn_sample, "multi_turn": turns_lib.multi_turn_sample}
 
 
@@ -66,7 +69,7 @@ def family_metrics(
       temperature=temperature,
       images=images,
   )
-  m = mutual_info.mi_metrics(
+  m = _MI_METRICS(
       logp_sum,
       num_tokens,
       sample.prompt_index,

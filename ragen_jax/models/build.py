@@ -71,6 +71,14 @@ def _initialiser(cls, config: ModelConfig, sharding=None):
   return graphdef, init
 
 
+@jax.jit
+def copy_tree(tree):
+  """Fresh buffers for every array of `tree`: a donated state must not invalidate the module its
+  arrays came from. One program for the whole tree (each leaf's eager copy compiled a program of
+  its own in every new process)."""
+  return jax.tree.map(jnp.copy, tree)
+
+
 def critic_from_policy(policy: Qwen2, key: jax.Array | None = None) -> Qwen2Critic:
   """A critic whose decoder starts from a copy of the policy's weights.
 
@@ -89,8 +97,7 @@ def critic_from_policy(policy: Qwen2, key: jax.Array | None = None) -> Qwen2Crit
   # Build abstractly: a random decoder for a 7B model would cost seconds and
   # a second full copy of the weights.
   critic = nnx.eval_shape(lambda: Qwen2Critic(config, rngs=nnx.Rngs(0)))
-  decoder_state = jax.tree.map(lambda a: jnp.array(a, copy=True), nnx.state(policy.decoder))
-  nnx.update(critic.decoder, decoder_state)
+  nnx.update(critic.decoder, copy_tree(nnx.state(policy.decoder)))
   critic.value_kernel.set_value(jnp.zeros((config.hidden_size,), jnp.float32))
   critic.value_bias.set_value(jnp.zeros((), jnp.float32))
   return critic

@@ -87,6 +87,14 @@ def env_functions(env):
   )
 
 
+@functools.partial(jax.jit, static_argnames=("groups", "group_size", "lo", "hi"))
+def _episode_keys(seed, *, groups: int, group_size: int, lo: int, hi: int) -> jax.Array:
+  """Rows lo..hi of the batch's keys: group g's level comes from key `seed + g`, shared by its
+  `group_size` episodes. One program (run eagerly, each of these operations compiled its own)."""
+  group_keys = jax.vmap(jax.random.key)(seed + jnp.arange(groups))
+  return jnp.repeat(group_keys, group_size, axis=0)[lo:hi]
+
+
 class JaxBatch:
   """A pure-JAX environment's episodes (see the module doc)."""
 
@@ -108,8 +116,8 @@ class JaxBatch:
 
   def reset(self, seed: int, rows: Sequence[int]) -> List[Start]:
     c, (lo, hi) = self.config, rows
-    group_keys = jax.vmap(jax.random.key)(seed + jnp.arange(c.env_groups))
-    self._states = self._reset(jnp.repeat(group_keys, c.group_size, axis=0)[lo:hi])
+    keys = _episode_keys(seed, groups=c.env_groups, group_size=c.group_size, lo=lo, hi=hi)
+    self._states = self._reset(keys)
     self._host, self._offset = jax.device_get(self._states), lo
     instruction = self.env.instruction(c.render_format)
     self._names = [tuple(self.env.action_names_for(row(self._host, i))) for i in range(hi - lo)]
