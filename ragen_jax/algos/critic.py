@@ -23,10 +23,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ragen_jax.models.build import copy_tree
 from ragen_jax.algos.step_records import ModelGraph
 from ragen_jax.algos.step_records import optimizer_step
 from ragen_jax.algos.step_records import param_dict
+from ragen_jax.models.build import copy_tree
 
 # values_BxT -> (value loss, metrics) of one micro-batch.
 ValueLossFn = Callable[[jax.Array], tuple[jax.Array, dict[str, jax.Array]]]

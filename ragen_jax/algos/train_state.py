@@ -17,10 +17,10 @@ import optax
 from ragen_jax.algos import critic as critic_lib
 from ragen_jax.algos import optim
 from ragen_jax.algos.config import PPOConfig
-from ragen_jax.models.build import copy_tree
 from ragen_jax.algos.step_records import ModelGraph
 from ragen_jax.algos.step_records import param_dict
 from ragen_jax.models import lora
+from ragen_jax.models.build import copy_tree
 
 
 @flax.struct.dataclass

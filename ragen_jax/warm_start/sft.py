@@ -34,10 +34,10 @@ from ragen_jax import rollout as rollout_lib
 from ragen_jax.algos import optim
 from ragen_jax.algos import step_losses
 from ragen_jax.algos.logprobs import sequence_logprobs
-from ragen_jax.models.build import copy_tree
 from ragen_jax.config_checks import check_fields, NonNegativeFloat, NonNegativeInt
 from ragen_jax.config_checks import PositiveFloat, PositiveInt, UnitFloat
 from ragen_jax.models import lora
+from ragen_jax.models.build import copy_tree
 from ragen_jax.warm_start import demos
 from ragen_jax import keys
 
